@@ -1,0 +1,196 @@
+"""Advantage: GRPO group advantage times SHARPO's bounded segment multiplier, and the policy loss.
+
+Equations (SHARPO.md; the numbers are its sections):
+  (1) A_i    = (R_i - mean_{j in group} R_j) / (std_{j in group} R_j + eps_adv)     std unbiased
+  (3) delta_t = logp_teacher_t - logp_student_t                                      detached
+      g_{i,k} = mean_{t in a_k} delta_t                                              segment gap
+  (4) m_{i,k} = clip(exp(sign(A_i) * g_{i,k}), 1 - eps_m, 1 + eps_m)                 multiplier
+      Ahat_{i,t} = A_i * ((1 - lam) + lam * m_{i,k(t)})                              token advantage
+  (5) L = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) )  r = exp(logp_new - logp_old)
+        + kl_coef * token_mean(k3(logp_ref, logp_new))
+        + sdar_coef * token_mean_{hindsight rows}( sg(sigmoid(beta * delta)) * (sg(logp_teacher) - logp_new) )
+Baselines, one argument apart: GRPO = lam 0; RLSD = the multiplier per token
+(granularity="token"); StepOPSD = 2 * sigmoid(.) in place of exp(.) (shape="sigmoid");
+SDAR = GRPO advantage plus the gated term of policy_loss.
+
+Shapes: N trajectories, B training rows (one per step; row b carries its trajectory's A),
+T response-token positions, S segments per row.
+
+Deviations from the paper: the paper's text is not available (abstract only). The forms
+above follow SHARPO.md, which builds them from RLSD / StepOPSD / SDAR / OPSD. A one-member
+group gets A = 0 (verl returns its raw reward); a group whose rewards are all equal gets
+exactly 0 (checked with max == min, not left to floating-point rounding).
+"""
+from __future__ import annotations
+
+import torch
+
+from segments import segment_means
+
+
+# ----------------------------------------------------------------------------- (1) GRPO
+def grpo_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6, norm_by_std: bool = True
+) -> torch.Tensor:
+    """Group-relative advantage A_i of each trajectory (SHARPO.md section 1).
+
+    rewards (N,) float, group_ids (N,) long (any labels). Returns (N,) in rewards' dtype.
+    norm_by_std=False gives R_i - mean (Dr. GRPO style). One-member groups and groups with
+    all-equal rewards give exactly 0.
+    """
+    r = rewards.double()  # (N,) float64: the group statistics are exact enough to test by hand
+    _, g = torch.unique(group_ids, return_inverse=True)  # (N,) group index 0..num_groups-1
+    num_groups = int(g.max().item()) + 1
+    zeros = torch.zeros(num_groups, dtype=r.dtype, device=r.device)
+    count = zeros.index_add(0, g, torch.ones_like(r))  # (num_groups,)
+    mean = zeros.index_add(0, g, r) / count  # (num_groups,)
+    centered = r - mean[g]  # (N,) R_i - mean
+    var = zeros.index_add(0, g, centered**2) / (count - 1).clamp(min=1)  # (num_groups,) unbiased
+    std = var.sqrt()  # (num_groups,)
+    adv = centered / (std[g] + eps) if norm_by_std else centered  # (N,)
+    hi = zeros.scatter_reduce(0, g, r, "amax", include_self=False)  # (num_groups,)
+    lo = zeros.scatter_reduce(0, g, r, "amin", include_self=False)  # (num_groups,)
+    has_spread = (count[g] > 1) & (hi[g] > lo[g])  # (N,) False: no baseline or nothing to compare
+    return torch.where(has_spread, adv, torch.zeros_like(adv)).to(rewards.dtype)  # (N,)
+
+
+# ----------------------------------------------------------------------------- (3)-(4) SHARPO
+def _check_mixing(lam: float, clip_eps: float) -> None:
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1] (0 = plain GRPO, 1 = multiplier only); got {lam}")
+    if not 0.0 < clip_eps < 1.0:
+        raise ValueError(f"clip_eps (the multiplier bound eps_m) must be in (0, 1); got {clip_eps}")
+
+
+def _bounded_multiplier(z: torch.Tensor, clip_eps: float, shape: str) -> torch.Tensor:
+    """m = clip(f(z), 1 - eps_m, 1 + eps_m) with f = exp (SHARPO, RLSD) or 2*sigmoid (StepOPSD)."""
+    if shape == "exp":
+        m = torch.exp(z)
+    elif shape == "sigmoid":
+        m = 2.0 * torch.sigmoid(z)
+    else:
+        raise ValueError(f"shape must be 'exp' or 'sigmoid'; got {shape!r}")
+    return m.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+
+
+def segment_multipliers(
+    adv: torch.Tensor,
+    logp_teacher: torch.Tensor,
+    logp_student: torch.Tensor,
+    segment_ids: torch.Tensor,
+    clip_eps: float = 0.2,
+    shape: str = "exp",
+    gap_mask: torch.Tensor | None = None,
+    num_segments: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment gap g_{i,k} and bounded multiplier m_{i,k} (SHARPO.md sections 3-4).
+
+    adv (B,), logp_teacher / logp_student / segment_ids (B, T). gap_mask (B, T) bool, optional:
+    True = the token counts towards the gap (e.g. only tokens inside <action>...</action>);
+    default: every segment token. Returns gaps (B, S) and multipliers (B, S).
+    """
+    S = int(segment_ids.max().item()) + 1 if num_segments is None else num_segments
+    delta = (logp_teacher - logp_student).detach()  # (B, T) delta_t, the teacher is never differentiated
+    gap_ids = segment_ids if gap_mask is None else torch.where(gap_mask, segment_ids, -1)  # (B, T)
+    gaps = segment_means(delta, gap_ids, num_segments=S)  # (B, S) g_{i,k}
+    z = torch.sign(adv)[:, None] * gaps  # (B, S) sign(A_i) * g_{i,k}
+    return gaps, _bounded_multiplier(z, clip_eps, shape)  # (B, S), (B, S) m_{i,k}
+
+
+def sharpo_token_advantages(
+    adv: torch.Tensor,
+    logp_teacher: torch.Tensor,
+    logp_student: torch.Tensor,
+    segment_ids: torch.Tensor,
+    lam: float = 0.5,
+    clip_eps: float = 0.2,
+    granularity: str = "segment",
+    shape: str = "exp",
+    gap_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Token advantage Ahat_{i,t} = A_i * ((1 - lam) + lam * m) (SHARPO.md section 4).
+
+    adv (B,) each row's trajectory advantage A_i; logp_teacher, logp_student, segment_ids
+    (B, T) over response tokens (segment id -1 = not a trained token). clip_eps is the
+    multiplier bound eps_m, not PPO's clip. granularity="segment" (SHARPO, StepOPSD) shares
+    m over a segment; "token" (RLSD) uses m_t = clip(exp(sign(A) * delta_t)). shape="sigmoid"
+    gives StepOPSD's 2 * sigmoid form. Returns (B, T), 0 outside segments.
+    """
+    _check_mixing(lam, clip_eps)
+    in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
+    if granularity == "segment":
+        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, shape, gap_mask)
+        token_mult = mult.gather(1, segment_ids.clamp(min=0))  # (B, T) m_{i,k(t)}: each token gets its segment's
+    elif granularity == "token":
+        delta = (logp_teacher - logp_student).detach()  # (B, T)
+        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, clip_eps, shape)  # (B, T) m_{i,t}
+    else:
+        raise ValueError(f"granularity must be 'segment' or 'token'; got {granularity!r}")
+    token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat
+    return torch.where(in_segment, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 outside segments
+
+
+# ----------------------------------------------------------------------------- (5) loss
+def policy_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    token_adv: torch.Tensor,
+    loss_mask: torch.Tensor,
+    num_tokens: int | float | None = None,
+    ppo_clip: float = 0.2,
+    logp_ref: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    logp_teacher: torch.Tensor | None = None,
+    sdar_mask: torch.Tensor | None = None,
+    num_sdar_tokens: int | float | None = None,
+    sdar_coef: float = 0.0,
+    sdar_beta: float = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip with token advantages, optional k3 KL and SDAR term (SHARPO.md section 5).
+
+    All tensors (B, T) over response tokens. loss_mask (B, T) bool: True = a trained token.
+    Aggregation is token-mean over the whole minibatch: each term is a sum over this
+    micro-batch's trained tokens divided by `num_tokens`, the count of trained tokens in the
+    whole minibatch. Passing that count makes gradient accumulation over micro-batches give
+    exactly the minibatch's token mean (default: this call's own count). Token-mean weighs
+    every generated token equally, whatever the length of its response (as verl-agent does).
+    The SDAR term covers sdar_mask (trained tokens of rows that have hindsight) and is divided
+    by their own minibatch count, num_sdar_tokens. Returns (loss, detached stats).
+    """
+    mask = loss_mask.to(logp_new.dtype)  # (B, T) 1.0 = trained token
+    n = mask.sum() if num_tokens is None else num_tokens  # the denominator: trained tokens in the minibatch
+    n = max(float(n), 1.0)
+
+    log_ratio = logp_new - logp_old.detach()  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T) r_t
+    clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (B, T)
+    pg = torch.maximum(-token_adv * ratio, -token_adv * clipped)  # (B, T) PPO-clip, per token
+    pg_loss = (pg * mask).sum() / n  # token-mean
+    loss = pg_loss
+
+    stats = {
+        "pg_loss": pg_loss.detach(),
+        "clip_frac": ((pg > -token_adv * ratio).to(mask.dtype) * mask).sum().detach() / n,
+        "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum().detach() / n,  # k3(old, new)
+    }
+    if kl_coef > 0:
+        if logp_ref is None:
+            raise ValueError("policy_loss: kl_coef > 0 needs logp_ref (the reference model's log-probs)")
+        d = logp_ref.detach() - logp_new  # (B, T)
+        kl = torch.exp(d) - d - 1.0  # (B, T) k3 estimator of KL(new || ref), >= 0
+        kl_loss = (kl * mask).sum() / n
+        loss = loss + kl_coef * kl_loss
+        stats["kl_ref"] = kl_loss.detach()
+    if sdar_coef > 0:
+        if logp_teacher is None or sdar_mask is None:
+            raise ValueError("policy_loss: sdar_coef > 0 needs logp_teacher and sdar_mask")
+        smask = (sdar_mask & loss_mask).to(logp_new.dtype)  # (B, T) trained tokens of hindsight rows
+        ns = max(float(smask.sum() if num_sdar_tokens is None else num_sdar_tokens), 1.0)
+        delta = (logp_teacher - logp_old).detach()  # (B, T) teacher - student, detached
+        gate = torch.sigmoid(sdar_beta * delta)  # (B, T) sg(sigmoid(beta * delta))
+        sdar = gate * (logp_teacher.detach() - logp_new)  # (B, T) gradient only through logp_new
+        sdar_loss = (sdar * smask).sum() / ns
+        loss = loss + sdar_coef * sdar_loss
+        stats["sdar_loss"] = sdar_loss.detach()
+    stats["loss"] = loss.detach()
+    return loss, stats

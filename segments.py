@@ -1,0 +1,162 @@
+"""Segments: cut each trajectory at environment turns into one training row per step.
+
+A trajectory is a list of steps k = 1..K. At step k the policy saw a context c_k (chat
+messages) and sampled a response a_k. Segment k is the tokens of a_k, every sampled token,
+the end-of-turn token included. One training row per step:
+
+    row_k = [ ids(c_k) as tokenized for generation | a_k as sampled ]
+              prompt, segment id -1 (never trained)   segment id 0 (trained)
+
+The hindsight teacher's row is the same response after a context with the hindsight block
+prepended to the first user message. Log-probs are kept over response tokens only, so the
+teacher row and the student row align token for token although their prompts differ.
+
+`segment_means` averages a per-token quantity over each segment: g_{i,k} = mean_{t in a_k} x_t.
+
+Shapes: B training rows (one per step), T response-token positions, S segments per row.
+This file also holds the small typed containers (`Step`, `Trajectory`, `Row`) that flow
+from rollout.py to train.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+HINDSIGHT_HEADER = "Hindsight (information you did not have when you acted):"
+
+
+# ----------------------------------------------------------------------------- containers
+@dataclass
+class Step:
+    """One environment turn of one episode, exactly as the policy saw and produced it."""
+
+    messages: list[dict]  # context c_k as chat messages (role, content)
+    prompt_ids: list[int]  # c_k tokenized for generation: the ids generate() was fed (no padding)
+    response_ids: list[int]  # a_k: the sampled ids, end-of-turn token included when sampled
+    response_text: str  # a_k decoded (special tokens dropped), what the env parsed
+    action: str | None  # the parsed action, None when the response was an invalid action
+    reward: float  # step reward from the env (10 * won and -0.1 for an invalid action included)
+
+
+@dataclass
+class Trajectory:
+    """One episode: the steps, its task and outcome; R_i is the sum of the step rewards."""
+
+    task_id: str  # which game / goal
+    group: int  # index of its group (G rollouts of the same task share one)
+    task_type: str  # e.g. "pick_and_place_simple"
+    steps: list[Step] = field(default_factory=list)
+    won: bool = False
+    info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
+    hindsight: str | None = None  # the teacher's hindsight block; None = no hindsight
+
+    @property
+    def reward(self) -> float:
+        """R_i: the episode reward (SHARPO.md section 1)."""
+        return float(sum(s.reward for s in self.steps))
+
+    @property
+    def actions(self) -> list[str]:
+        """The parsed actions of the valid steps, in order."""
+        return [s.action for s in self.steps if s.action is not None]
+
+
+@dataclass
+class Row:
+    """One training row: prompt ids then response ids, and each token's segment id."""
+
+    input_ids: list[int]  # prompt ids + response ids
+    segment_ids: list[int]  # -1 for prompt tokens, 0 for the response (this row's one segment)
+    num_prompt: int  # where the response starts in input_ids
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.input_ids[self.num_prompt :]
+
+
+# ----------------------------------------------------------------------------- row builders
+def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The context ids exactly as `apply_chat_template(..., add_generation_prompt=True)` gives them."""
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = enc["input_ids"] if hasattr(enc, "keys") else enc  # transformers 5 returns a BatchEncoding
+    return list(ids)
+
+
+def build_row(tokenizer, messages: list[dict], response_ids: list[int]) -> Row:
+    """The student's row: the generation prompt of `messages`, then `response_ids` unchanged."""
+    prompt = generation_prompt_ids(tokenizer, messages)
+    response = list(response_ids)
+    return Row(
+        input_ids=prompt + response,
+        segment_ids=[-1] * len(prompt) + [0] * len(response),  # only the response is a segment
+        num_prompt=len(prompt),
+    )
+
+
+def add_hindsight(messages: list[dict], hindsight: str) -> list[dict]:
+    """The teacher's context: the hindsight block prepended to the first user message.
+
+    Nothing else changes: system prompts, later messages and their order stay as they are.
+    """
+    out = [dict(m) for m in messages]
+    for m in out:
+        if m["role"] == "user":
+            m["content"] = f"{HINDSIGHT_HEADER}\n{hindsight}\n\n{m['content']}"
+            return out
+    raise ValueError("add_hindsight: the context has no user message to put the hindsight in")
+
+
+def build_teacher_row(tokenizer, messages: list[dict], response_ids: list[int], hindsight: str) -> Row:
+    """The teacher's row: same response ids after a context that carries the hindsight block."""
+    return build_row(tokenizer, add_hindsight(messages, hindsight), response_ids)
+
+
+def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows into tensors for one forward pass.
+
+    Returns input_ids and attention_mask (B, L) over the whole row, and the response
+    layout: response_start (B,) and response_len (B,), from which model log-probs are
+    gathered into response-aligned (B, T) tensors (T = longest response).
+    """
+    B, L = len(rows), max(len(r.input_ids) for r in rows)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L), 1 = real token
+    for b, r in enumerate(rows):
+        input_ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids)
+        attention_mask[b, : len(r.input_ids)] = 1
+    response_start = torch.tensor([r.num_prompt for r in rows])  # (B,)
+    response_len = torch.tensor([len(r.input_ids) - r.num_prompt for r in rows])  # (B,)
+    return dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_start=response_start,
+        response_len=response_len,
+    )
+
+
+def response_segment_ids(response_len: torch.Tensor, T: int | None = None) -> torch.Tensor:
+    """Segment ids over response positions (B, T): 0 on a row's response tokens, -1 on padding."""
+    T = int(response_len.max()) if T is None else T
+    positions = torch.arange(T)[None, :]  # (1, T)
+    return torch.where(positions < response_len[:, None], 0, -1)  # (B, T)
+
+
+# ----------------------------------------------------------------------------- segment math
+def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: int | None = None) -> torch.Tensor:
+    """Mean of `values` over each segment's tokens: out[b, s] = mean_{t: seg[b,t]=s} values[b, t].
+
+    values (B, T) float, segment_ids (B, T) long with -1 = no segment. Returns (B, S) with
+    S = num_segments or max id + 1; an empty segment gives 0, never NaN.
+    """
+    B, T = values.shape
+    S = int(segment_ids.max().item()) + 1 if num_segments is None else num_segments
+    S = max(S, 1)
+    in_segment = segment_ids >= 0  # (B, T) True = token belongs to some segment
+    index = segment_ids.clamp(min=0)  # (B, T) -1 parked at 0, then zeroed by the mask below
+    vals = torch.where(in_segment, values, torch.zeros_like(values))  # (B, T)
+    sums = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(1, index, vals)  # (B, S)
+    counts = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(
+        1, index, in_segment.to(values.dtype)
+    )  # (B, S)
+    return sums / counts.clamp(min=1)  # (B, S) empty segment: 0 / 1 = 0

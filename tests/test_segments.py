@@ -1,0 +1,107 @@
+"""Training rows and segment means (SHARPO.md, data layout)."""
+import pytest
+import torch
+
+from segments import (
+    HINDSIGHT_HEADER,
+    add_hindsight,
+    build_row,
+    build_teacher_row,
+    collate_rows,
+    generation_prompt_ids,
+    response_segment_ids,
+    segment_means,
+)
+
+MESSAGES = [
+    {"role": "system", "content": "You play a text game."},
+    {"role": "user", "content": "Your task is to: put a mug in coffeemachine 1."},
+    {"role": "assistant", "content": "<think>go</think><action>look</action>"},
+    {"role": "user", "content": "You see a countertop 1."},
+]
+
+
+def _chat_template_ids(tok, messages):
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"])
+
+
+@pytest.mark.parametrize("which", ["tiny_tokenizer", "smollm2_tokenizer"])
+def test_row_is_generation_prompt_then_response(which, request):
+    """A row = apply_chat_template(add_generation_prompt=True) ids, then the response ids
+    unchanged (end-of-turn included); only response tokens carry a segment id."""
+    tok = request.getfixturevalue(which)
+    response = tok.encode("<think>mug is here</think><action>take mug 1</action>", add_special_tokens=False)
+    response = response + [tok.eos_token_id]
+    row = build_row(tok, MESSAGES, response)
+    prompt = _chat_template_ids(tok, MESSAGES)
+    assert row.input_ids[: row.num_prompt] == prompt
+    assert row.response_ids == response
+    assert row.segment_ids == [-1] * len(prompt) + [0] * len(response)
+    # the generation prompt ends with the assistant header (ChatML on both templates)
+    assert tok.decode(prompt[-8:]).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("which", ["tiny_tokenizer", "smollm2_tokenizer"])
+def test_teacher_row_aligns_with_student(which, request):
+    """The teacher row differs only by the hindsight block at the start of the first user
+    message; its response ids and segment ids over the response are identical."""
+    tok = request.getfixturevalue(which)
+    response = tok.encode("<think>x</think><action>look</action>", add_special_tokens=False) + [tok.eos_token_id]
+    student = build_row(tok, MESSAGES, response)
+    teacher = build_teacher_row(tok, MESSAGES, response, "This plan succeeded: look")
+    assert teacher.response_ids == student.response_ids
+    assert teacher.segment_ids[teacher.num_prompt:] == student.segment_ids[student.num_prompt:]
+    assert teacher.num_prompt > student.num_prompt
+    msgs = add_hindsight(MESSAGES, "H")
+    assert msgs[0] == MESSAGES[0]  # system prompt unchanged
+    assert msgs[1]["content"].startswith(HINDSIGHT_HEADER) and msgs[1]["content"].endswith(MESSAGES[1]["content"])
+    assert msgs[2:] == MESSAGES[2:]  # later messages unchanged
+    assert MESSAGES[1]["content"].startswith("Your task")  # the input was not mutated
+
+
+def test_add_hindsight_needs_a_user_message():
+    """A context without a user message is a clear error, not a silent no-op."""
+    with pytest.raises(ValueError, match="no user message"):
+        add_hindsight([{"role": "system", "content": "s"}], "h")
+
+
+def test_collate_and_response_segment_ids(tiny_tokenizer):
+    """Right padding keeps every row's ids in place and records where responses start."""
+    tok = tiny_tokenizer
+    rows = [build_row(tok, MESSAGES[:2], [5, 6, 7]), build_row(tok, MESSAGES, [8])]
+    batch = collate_rows(rows, pad_id=tok.pad_token_id)
+    for b, r in enumerate(rows):
+        n = len(r.input_ids)
+        assert batch["input_ids"][b, :n].tolist() == r.input_ids
+        assert batch["attention_mask"][b].sum() == n
+        assert batch["response_start"][b] == r.num_prompt
+        assert batch["response_len"][b] == len(r.response_ids)
+    seg = response_segment_ids(batch["response_len"])
+    assert seg.tolist() == [[0, 0, 0], [0, -1, -1]]
+
+
+def test_segment_means_by_hand():
+    """Means over each segment's tokens; -1 tokens ignored; an empty segment gives 0."""
+    values = torch.tensor([[1.0, 3.0, 10.0, 100.0], [2.0, 4.0, 6.0, 8.0]])
+    seg = torch.tensor([[0, 0, 2, -1], [-1, -1, -1, -1]])
+    out = segment_means(values, seg)
+    assert out.shape == (2, 3)
+    assert torch.equal(out, torch.tensor([[2.0, 0.0, 10.0], [0.0, 0.0, 0.0]]))
+    assert not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_segment_means_matches_loop(seed):
+    """The vectorized mean equals an obvious Python loop on random ids."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, S = 4, 17, 5
+    values = torch.randn(B, T, generator=g)
+    seg = torch.randint(-1, S, (B, T), generator=g)
+    fast = segment_means(values, seg, num_segments=S)
+    slow = torch.zeros(B, S)
+    for b in range(B):
+        for s in range(S):
+            picked = [values[b, t].item() for t in range(T) if seg[b, t] == s]
+            slow[b, s] = sum(picked) / len(picked) if picked else 0.0
+    assert torch.allclose(fast, slow, atol=1e-6)
