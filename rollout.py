@@ -174,6 +174,7 @@ def load_policy(
     lora_r: int = 64,
     lora_alpha: int = 64,
     adapter: str | os.PathLike | None = None,
+    init_adapter: str | os.PathLike | None = None,
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     seed: int = 0,
@@ -182,7 +183,9 @@ def load_policy(
     """Load the policy: base model (4-bit on CUDA by default) with a LoRA adapter (new or saved).
 
     Returns (peft model, tokenizer). The adapter is trainable; `model.disable_adapter()`
-    gives the reference model without a second copy.
+    gives the reference model without a second copy. init_adapter: a LoRA adapter (e.g. the
+    warm start of warmstart.py) merged into the base weights first, so that the base, and
+    with it the reference model, is the warm-started policy.
     """
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -221,11 +224,18 @@ def load_policy(
                     module.support_avx512bf16_for_cpu = False
     if name in ("tiny", "smollm2"):
         base.to(device)  # (quantized models were placed by device_map and cannot be moved)
+    if init_adapter is not None:
+        if load_in_4bit:
+            raise ValueError("--init-adapter merges into full-precision weights; load the model without 4-bit")
+        announce(f"merging the warm-start adapter {init_adapter} into the base weights")
+        with torch.random.fork_rng(devices=[]):  # loading initialises LoRA at random first: keep the RNG
+            base = PeftModel.from_pretrained(base, str(init_adapter)).merge_and_unload()
     if gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         base.config.use_cache = False  # the cache is only used by generate, which turns it back on
     if adapter is not None:
-        model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
+        with torch.random.fork_rng(devices=[]):
+            model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
     else:
         present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
         targets = [t for t in LORA_TARGETS if t in present]
@@ -237,10 +247,13 @@ def load_policy(
 
 
 # ----------------------------------------------------------------------------- log-probs
-def response_logprobs(model, batch: dict[str, torch.Tensor], max_logit_elems: int = 2**26) -> torch.Tensor:
+def response_logprobs(
+    model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
+) -> torch.Tensor:
     """log pi(x_t | x_<t) of every response token, response-aligned: (B, T), 0 on padding.
 
-    batch: collate_rows output on the model's device. The decoder runs once over the rows;
+    batch: collate_rows output on the model's device. temperature: the one the tokens were
+    sampled at (logits / T, as verl does), so the log-probs are those of the sampling policy. The decoder runs once over the rows;
     the output head and log-softmax run only on the hidden states that predict response
     tokens, T-chunk by T-chunk, so at most `max_logit_elems` float32 logits exist at a time.
     """
@@ -259,7 +272,7 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], max_logit_elems: in
     chunk = max(1, max_logit_elems // (B * head.weight.shape[0]))
     pieces = []
     for s in range(0, T, chunk):
-        logits = head(h[:, s : s + chunk]).float()  # (B, c, V) one chunk only
+        logits = head(h[:, s : s + chunk]).float() / temperature  # (B, c, V) one chunk only
         pieces.append(logits.log_softmax(-1).gather(-1, targets[:, s : s + chunk, None]).squeeze(-1))  # (B, c)
     logp = torch.cat(pieces, dim=1)  # (B, T)
     valid = offsets < length[:, None]  # (B, T) True = a real response token

@@ -112,6 +112,46 @@ def build_teacher_row(tokenizer, messages: list[dict], response_ids: list[int], 
     return build_row(tokenizer, add_hindsight(messages, hindsight), response_ids)
 
 
+def sibling_hindsight(trajs: list[Trajectory]) -> list[str | None]:
+    """--hindsight sibling: each trajectory's hindsight text, or None (SHARPO.md section 2).
+
+    The actions of the shortest successful trajectory of the same group (ties: lowest index),
+    never the trajectory itself: the lone success of a group, and every trajectory of a group
+    without success, get None.
+    """
+    out: list[str | None] = []
+    for i, traj in enumerate(trajs):
+        wins = [j for j, other in enumerate(trajs) if other.group == traj.group and other.won and j != i]
+        if not wins:
+            out.append(None)
+            continue
+        best = min(wins, key=lambda j: (len(trajs[j].steps), j))
+        out.append(format_plan("Another attempt at this same task succeeded with these actions:", trajs[best].actions))
+    return out
+
+
+def format_plan(headline: str, actions: list[str]) -> str:
+    """A hindsight block: one line saying what the plan is, then its actions, numbered."""
+    return "\n".join([headline] + [f"{k}. {a}" for k, a in enumerate(actions, start=1)])
+
+
+def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
+    """True for the response tokens that overlap the text inside <action>...</action> (the last
+    such block; tags included), for StepOPSD's action-only gap. All False when there is none."""
+    pieces = [tokenizer.decode([t]) for t in response_ids]
+    ends, pos = [], 0
+    for piece in pieces:
+        pos += len(piece)
+        ends.append(pos)
+    text = "".join(pieces)
+    start = text.rfind("<action>")
+    stop = text.find("</action>", start) if start >= 0 else -1
+    if start < 0 or stop < 0:
+        return [False] * len(response_ids)
+    stop += len("</action>")
+    return [ends[k] > start and (ends[k - 1] if k else 0) < stop for k in range(len(pieces))]
+
+
 def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows into tensors for one forward pass.
 

@@ -1,0 +1,176 @@
+"""The training loop on CPU with the tiny model: each algorithm runs, updates move the LoRA
+weights, lam = 0 equals GRPO, resuming reproduces the uninterrupted run, ids are exact."""
+import json
+
+import pytest
+import torch
+
+import train
+from rollout import ModelPolicy, load_policy, play_episodes, response_logprobs
+from segments import build_row, collate_rows
+from stub_env import StubEnv
+
+TIMING_KEYS = ("seconds/", "tokens_per_s", "peak_memory")
+
+
+def _args(tmp_path, **kw):
+    base = dict(model="tiny", preset="none", iterations=1, groups=2, group_size=4, max_steps=2, max_new_tokens=8,
+                lr=1e-2, lora_r=4, lora_alpha=8, minibatches=2, micro_batch_rows=3, eval_every=0,
+                output_dir=str(tmp_path / "run"), hindsight="expert", kl_coef=0.01, seed=3)
+    base.update(kw)
+    return train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in base.items()])
+
+
+def _lora_state(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def _trainer(args):
+    model, tok = load_policy("tiny", lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
+    return train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(args.max_steps))
+
+
+@pytest.mark.parametrize("algo", train.ALGOS)
+def test_one_iteration_of_each_algo_moves_the_lora_weights(tmp_path, algo):
+    """With rewards that differ inside groups and weight decay 0, one iteration of every
+    --algo changes the LoRA weights, and the metrics line has the documented fields."""
+    args = _args(tmp_path, algo=algo, weight_decay=0.0)
+    trainer = _trainer(args)
+    before = _lora_state(trainer.model)
+    metrics, samples = trainer.iteration()
+    after = _lora_state(trainer.model)
+    assert metrics["groups_with_spread"] > 0
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    assert metrics["update/optimizer_steps"] == 2 and metrics["update/skipped_steps"] == 0
+    for key in ("success", "mean_reward", "invalid_rate", "tokens_generated", "seconds/rollout", "peak_memory_gb"):
+        assert key in metrics
+    if algo != "grpo":
+        assert {"mult_mean", "mult_std", "mult_at_bound"} <= metrics.keys()
+    assert samples and samples[0]["segments"] and "multiplier" in samples[0]["segments"][0]
+
+
+def test_sharpo_with_lam_zero_gives_the_grpo_update(tmp_path):
+    """lam = 0 makes SHARPO's token advantage equal A everywhere, so after one iteration from
+    the same seed the LoRA weights are identical to GRPO's."""
+    states = []
+    for algo, lam in (("sharpo", 0.0), ("grpo", 0.5)):
+        trainer = _trainer(_args(tmp_path / algo, algo=algo, lam=lam))
+        trainer.iteration()
+        states.append(_lora_state(trainer.model))
+    assert all(torch.equal(states[0][n], states[1][n]) for n in states[0])
+    # and SHARPO with lam > 0 does differ (the teacher changes the update)
+    trainer = _trainer(_args(tmp_path / "sharpo-on", algo="sharpo", lam=1.0, mult_eps=0.5))
+    trainer.iteration()
+    other = _lora_state(trainer.model)
+    assert any(not torch.equal(states[1][n], other[n]) for n in other)
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """Two iterations straight, versus one iteration, a checkpoint, a fresh process state and
+    --resume for the second: the second iteration's metrics and final weights are the same."""
+    straight = _args(tmp_path / "a", iterations=2)
+    t1 = _trainer(straight)
+    full = train.train(straight, t1)
+
+    first = _args(tmp_path / "b", iterations=1)
+    train.train(first, _trainer(first))
+    torch.manual_seed(12345)  # scramble the global RNG: the checkpoint must restore it
+    resumed = _args(tmp_path / "b", iterations=2, resume=str(tmp_path / "b" / "run"))
+    model, tok = load_policy("tiny", adapter=tmp_path / "b" / "run" / "checkpoint" / "adapter", seed=resumed.seed)
+    t2 = train.Trainer(resumed, model=model, tokenizer=tok, env=StubEnv(resumed.max_steps))
+    assert t2.iteration_done == 1
+    second = train.train(resumed, t2)
+    strip = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMING_KEYS)}  # noqa: E731
+    assert strip(second[0]) == strip(full[1])
+    a, b = _lora_state(t1.model), _lora_state(t2.model)
+    assert all(torch.allclose(a[n], b[n]) for n in a)
+    lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
+
+
+def test_existing_run_needs_resume(tmp_path):
+    """Starting over a folder that holds a checkpoint is refused with the fix in the message."""
+    args = _args(tmp_path)
+    train.train(args, _trainer(args))
+    with pytest.raises(SystemExit, match="--resume"):
+        train.train(args, None)
+
+
+def test_trained_ids_are_the_sampled_ids(tmp_path):
+    """Every step's row is exactly the ids generate() was fed (without padding) followed by
+    the ids it sampled (up to and including the end-of-turn token)."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
+    policy = ModelPolicy(model, tok, max_new_tokens=6)
+    fed, sampled = [], []
+    real_generate = model.generate
+
+    def spy(**kw):
+        out = real_generate(**kw)
+        L = kw["input_ids"].shape[1]
+        for b in range(out.shape[0]):
+            fed.append(kw["input_ids"][b][kw["attention_mask"][b].bool()].tolist())
+            sampled.append(out[b, L:].tolist())
+        return out
+
+    model.generate = spy
+    trajs = play_episodes(StubEnv(2), ["task-a"] * 3, policy)
+    steps = [s for t in trajs for s in t.steps]
+    assert len(steps) == len(fed)
+    by_prompt = {}
+    for f, s in zip(fed, sampled):
+        by_prompt.setdefault(tuple(f), []).append(s)
+    for step in steps:
+        row = build_row(tok, step.messages, step.response_ids)
+        assert row.input_ids == step.prompt_ids + step.response_ids
+        candidates = by_prompt[tuple(step.prompt_ids)]
+        assert any(s[: len(step.response_ids)] == step.response_ids for s in candidates)
+
+
+def test_sampling_uses_the_policy_itself():
+    """No top-k/top-p/repetition-penalty processing: the scores generate samples from equal
+    the model's raw logits (temperature 1), even if the model ships other defaults."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
+    model.generation_config.top_k, model.generation_config.top_p = 20, 0.8  # Qwen-like defaults
+    model.generation_config.repetition_penalty = 1.05
+    policy = ModelPolicy(model, tok, max_new_tokens=5)
+    ids = torch.tensor([tok.encode("hello there")])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=policy.config,
+                         output_scores=True, output_logits=True, return_dict_in_generate=True)
+    for score, logit in zip(out.scores, out.logits):
+        assert torch.allclose(score, logit)
+
+
+def test_chunked_logprobs_match_a_full_forward():
+    """response_logprobs (chunked, response positions only) equals log_softmax of the full
+    logits at the shifted positions, for rows of different prompt and response lengths."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
+    msgs = [[{"role": "user", "content": "short"}], [{"role": "user", "content": "a longer prompt here"}]]
+    rows = [build_row(tok, m, r) for m, r in zip(msgs, [[5, 6, 7, 8], [9, 10]])]
+    batch = collate_rows(rows, tok.pad_token_id)
+    fast = response_logprobs(model, batch, max_logit_elems=3 * tok.vocab_size)  # forces chunks of 1 token
+    full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.log_softmax(-1)
+    for b, r in enumerate(rows):
+        for j, token in enumerate(r.response_ids):
+            assert fast[b, j].item() == pytest.approx(full[b, r.num_prompt + j - 1, token].item(), abs=1e-5)
+    assert fast[1, 2:].abs().sum() == 0  # padding positions are 0
+
+
+def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
+    """A NaN loss does not reach the weights: the step is skipped, counted, and training goes on."""
+    args = _args(tmp_path)
+    trainer = _trainer(args)
+    before = _lora_state(trainer.model)
+    real = train.policy_loss
+    monkeypatch.setattr(train, "policy_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]))
+    metrics, _ = trainer.iteration()
+    assert metrics["update/skipped_steps"] == 2 and metrics["update/optimizer_steps"] == 0
+    after = _lora_state(trainer.model)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_bad_flags_are_clear_errors():
+    """Bad settings stop before any loading, naming the flag."""
+    for flags, needle in ((["--algo", "ppo"], "--algo"), (["--lam", "2"], "--lam"), (["--history", "x"], "--history"),
+                          (["--hindsight", "oracle"], "--hindsight"), (["--mult-eps", "1.5"], "--mult-eps")):
+        with pytest.raises(SystemExit, match=needle):
+            train.parse_args(flags)
