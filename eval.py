@@ -173,11 +173,15 @@ def main(argv: list[str] | None = None) -> dict:
     metrics["config"] = {**asdict(args), "split": split}
     env.close()
     print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
-    default_name = f"eval_{args.env}_{args.policy}_{split}.json"
+    default_name = default_out_name(args.env, args.policy, split)
     out = Path(args.out) if args.out else (Path(args.checkpoint) if args.checkpoint else Path(".")) / default_name
     out.write_text(json.dumps(metrics, indent=1))
     print(f"wrote {out}")
     return metrics
+
+
+def default_out_name(env: str, policy: str, split: str) -> str:
+    return f"eval_{env}_{policy}_{split}.json"
 
 
 def load_model_policy(args: EvalArgs):
@@ -187,15 +191,16 @@ def load_model_policy(args: EvalArgs):
     from rollout import ModelPolicy, load_policy
 
     torch.manual_seed(args.seed)
-    model_name, adapter = args.model, None
+    model_name, adapter, init_adapter = args.model, None, None
     if args.checkpoint:
         ckpt = Path(args.checkpoint)
         if not (ckpt / "adapter" / "adapter_config.json").exists():
             raise SystemExit(f"error: {ckpt} is not a train.py checkpoint (no adapter/adapter_config.json in it)")
         saved = json.loads((ckpt / "config.json").read_text())
         model_name = model_name or saved.get("model")
+        init_adapter = saved.get("init_adapter")  # the warm start the run was trained on top of
         adapter = ckpt / "adapter"
-    model, tokenizer = load_policy(model_name, adapter=adapter, seed=args.seed)
+    model, tokenizer = load_policy(model_name, adapter=adapter, init_adapter=init_adapter, seed=args.seed)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

@@ -280,7 +280,7 @@ def response_logprobs(
 
 
 # ----------------------------------------------------------------------------- sampling
-def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
+def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0, min_new_tokens: int = 0):
     """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 = greedy.
 
     Installed as the model's own generation_config, so that no default of the model's
@@ -296,7 +296,7 @@ def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 
     eos |= set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
     greedy = temperature == 0
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
+        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None, do_sample=not greedy, temperature=None if greedy else temperature,
         top_p=None if greedy else 1.0, top_k=None if greedy else 0, min_p=None, typical_p=None,
         repetition_penalty=1.0, eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id, use_cache=True,
     )
@@ -305,9 +305,9 @@ def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 
 class ModelPolicy:
     """The LLM policy as an actor: one batched generate over all live episodes per turn."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0):
+    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, min_new_tokens: int = 0):
         self.model, self.tokenizer = model, tokenizer
-        self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
+        self.config = sampling_config(tokenizer, model, max_new_tokens, temperature, min_new_tokens)
         model.generation_config = self.config
         self.eos = set(self.config.eos_token_id)
         self.tokens_generated = 0

@@ -62,6 +62,7 @@ class TrainArgs:
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
+    init_adapter: str | None = None  # a LoRA adapter merged into the base first (warmstart.py output)
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA, else the shipped games
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
@@ -70,6 +71,7 @@ class TrainArgs:
     group_size: int = 8  # rollouts per task (G)
     max_steps: int = 50  # env steps per episode
     max_new_tokens: int = 256  # response length limit per turn
+    min_new_tokens: int = 0  # force at least this many new tokens per turn (benchmarks only)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     temperature: float = 1.0  # rollout sampling temperature (log-probs use the same)
     hindsight: str = "sibling"  # teacher's hindsight: sibling (a successful group mate) | expert
@@ -92,17 +94,18 @@ class TrainArgs:
     eval_games: int = 32  # games per evaluation
     save_every: int = 1  # checkpoint every N iterations
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
-    output_dir: str = "runs/alfworld-sharpo"  # where metrics, samples and checkpoints go
+    output_dir: str | None = None  # where metrics, samples and checkpoints go; default runs/<env>-<algo>[-cpu-demo]
     resume: str | None = None  # a run folder (or its checkpoint) to continue from
     seed: int = 0  # seed for task sampling, generation and LoRA init
 
 
+WARMSTART = Path(__file__).resolve().parent / "data" / "warmstart" / "smollm2-alfworld"
 PRESETS = {
     "gpu": {},
     "cpu-demo": dict(  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
-        model="smollm2", iterations=2, groups=2, group_size=4, max_steps=4, max_new_tokens=48,
-        max_plan_len=4, hindsight="expert", lr=1e-4, minibatches=2, micro_batch_rows=4,
-        eval_every=2, eval_games=2, lora_r=8, lora_alpha=16, output_dir="runs/alfworld-sharpo-cpu-demo",
+        model="smollm2", init_adapter=str(WARMSTART), lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0,
+        iterations=2, groups=2, group_size=4, max_steps=4, max_new_tokens=48, max_plan_len=4,
+        hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
     ),
     "none": {},
 }
@@ -123,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     parser.set_defaults(**PRESETS[pre])
     args = TrainArgs(**vars(parser.parse_args(argv)))
     args.preset = pre
+    if args.output_dir is None:
+        args.output_dir = f"runs/{args.env}-{args.algo}" + ("-cpu-demo" if pre == "cpu-demo" else "")
     check_args(args)
     return args
 
@@ -196,7 +201,8 @@ class Trainer:
             grad_ckpt = cuda if args.gradient_checkpointing is None else args.gradient_checkpointing
             model, tokenizer = load_policy(
                 args.model, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
-                adapter=ckpt / "adapter" if ckpt else None, gradient_checkpointing=grad_ckpt, seed=args.seed,
+                adapter=ckpt / "adapter" if ckpt else None, init_adapter=args.init_adapter,
+                gradient_checkpointing=grad_ckpt, seed=args.seed,
             )
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = tokenizer.pad_token_id
@@ -231,7 +237,7 @@ class Trainer:
         chosen = [self.rng.choice(self.tasks) for _ in range(args.groups)]
         task_ids = [task for task in chosen for _ in range(args.group_size)]
         group_ids = [g for g in range(args.groups) for _ in range(args.group_size)]
-        policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature)
+        policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
         trajs = play_episodes(self.env, task_ids, policy, history_len, group_ids, desc=f"iter {it} rollout")
         t["rollout"] = time.perf_counter() - clock
 

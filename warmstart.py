@@ -3,8 +3,8 @@
 RL needs reward spread inside a group. A 135M model sampled at temperature 1 almost never
 writes <think>...</think><action>...</action> (measured on the shipped games: no valid
 answer in 40 samples), so every rollout is invalid, all rewards tie and every advantage
-is 0. This script plays the expert on the training games, turns each step into a row
-(the env's context, then "<think>...</think><action>expert action</action>" and the
+is 0. This script replays the expert's plan of each training game, turns each step into a
+row (the env's context, then "<think>...</think><action>expert action</action>" and the
 end-of-turn token), and fits a LoRA adapter by maximum likelihood on the response tokens:
 
     L_BC = - (1 / n_tokens) * sum_{rows, t in response} log pi(a_t | c, a_<t)
@@ -52,20 +52,21 @@ def expert_answer(task: str, action: str) -> str:
 
 
 def expert_rows(env, tokenizer, split: str, history_len: int | None) -> list[Row]:
-    """One row per expert step: the env's context, then the expert's answer and end-of-turn."""
-    from eval import ExpertPolicy
-    from rollout import play_episodes
-
-    tasks = env.tasks(split)
-    trajs = play_episodes(env, tasks, ExpertPolicy(), history_len, desc="expert")
+    """One row per step of each game's expert plan (env.expert_plan: the stored walkthrough, a
+    shortest plan for the short shipped games): the env's context at that step, then the
+    expert's answer and the end-of-turn token."""
     rows = []
-    for traj in trajs:
-        for step in traj.steps:
-            if step.action is None:
-                continue
-            task = step.messages[-1]["content"].split("Your task is to: ", 1)[1].split("\n", 1)[0]
-            ids = tokenizer.encode(expert_answer(task, step.action), add_special_tokens=False)
-            rows.append(build_row(tokenizer, step.messages, ids + [tokenizer.eos_token_id]))
+    for task_id in env.tasks(split):
+        state = env.reset([task_id])[0]
+        history: list[tuple[str, str]] = []
+        for action in env.expert_plan(task_id):
+            messages = env.build_messages(state, history, history_len)
+            ids = tokenizer.encode(expert_answer(state.task, action), add_special_tokens=False)
+            rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
+            history.append((state.observation, action))
+            state = env.step([f"<think>-</think><action>{action}</action>"])[0]
+            if state.done:
+                break
     return rows
 
 

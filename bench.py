@@ -1,0 +1,175 @@
+"""Benchmark: seconds per training stage, generated tokens/s, and the SHARPO / GRPO time ratio.
+
+A synthetic environment (fixed observations of a set length, a random reward per episode so
+groups have spread) and forced response lengths (min_new_tokens = max_new_tokens) make the
+work per iteration the same for every algorithm; the env packages are not imported, so it
+also runs on a GPU machine without alfworld. Per algorithm: one warm-up iteration, then one
+timed iteration; the ratio compares the timed iterations of one run.
+
+Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
+in 4-bit nf4 on CUDA, per NOTES.md; timings do not depend on the weights' values).
+
+Run: python bench.py --model tiny
+     python bench.py --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from envs import EnvStep
+
+
+@dataclass
+class BenchArgs:
+    """Command-line flags of bench.py."""
+
+    model: str = "tiny"  # tiny | smollm2 | qwen7b-shape
+    algos: str = "sharpo,grpo"  # algorithms to time, comma-separated (the ratio needs sharpo and grpo)
+    episodes: int = 8  # episodes per iteration (groups x group size)
+    group_size: int = 4  # rollouts per task
+    steps: int = 2  # env steps per episode
+    new_tokens: int = 32  # forced response length per turn
+    obs_words: int = 200  # words per observation (sets the context length)
+    micro_batch_rows: int = 4  # rows per forward/backward
+    kl_coef: float = 0.01  # KL coefficient (0 skips the reference pass)
+    out: str | None = None  # also write the figures as JSON here
+
+
+class SyntheticEnv:
+    """Fixed-length observations; every episode lasts `max_steps`; reward drawn per episode."""
+
+    name = "synthetic"
+    default_eval_split = "test"
+
+    def __init__(self, max_steps: int, obs_words: int, seed: int = 0):
+        self.max_steps, self.obs_words = max_steps, obs_words
+        self.rng = random.Random(seed)
+        self.seconds = {"reset": 0.0, "step": 0.0}
+        self.counts = {"reset": 0, "step": 0}
+
+    def tasks(self, split):
+        return [f"task-{k}" for k in range(64)]
+
+    def task_type(self, task_id):
+        return "synthetic"
+
+    def expert_plan(self, task_id):
+        return ["go to countertop 1", "take mug 1 from countertop 1", "go to coffeemachine 1"]
+
+    def _obs(self, k):
+        words = ["you", "see", "a", "mug", "1", "on", "the", "countertop", "2", "and"]
+        return " ".join(words[(k + j) % len(words)] for j in range(self.obs_words))
+
+    def build_messages(self, state, history, history_len):
+        return [{"role": "user", "content": f"Task: {state.task}\nObservation: {state.observation}\nAnswer:"}]
+
+    def reset(self, task_ids):
+        self.steps = [0] * len(task_ids)
+        self.final = [self.rng.choice([0.0, 10.0]) for _ in task_ids]
+        return [EnvStep(self._obs(0), ["look"], 0.0, False, False, False, "put a mug in coffeemachine", "synthetic", None)
+                for _ in task_ids]
+
+    def step(self, responses):
+        out = []
+        for i, text in enumerate(responses):
+            if text is None:
+                out.append(None)
+                continue
+            self.steps[i] += 1
+            done = self.steps[i] >= self.max_steps
+            out.append(EnvStep(self._obs(self.steps[i]), ["look"], self.final[i] if done else 0.0, done,
+                               done and self.final[i] > 0, False, "put a mug in coffeemachine", "synthetic", None, "look"))
+        return out
+
+    def close(self):
+        pass
+
+
+def qwen7b_shape_model():
+    """A Qwen2.5-7B-shaped model with random weights, linear layers swapped for nf4 4-bit."""
+    import bitsandbytes as bnb
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rollout import LORA_TARGETS, build_tiny_tokenizer
+
+    config = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, max_position_embeddings=32768)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and child_name != "lm_head":
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False, quant_type="nf4").to("cuda")
+                if child.bias is not None:
+                    q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(module, child_name, q)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokenizer = build_tiny_tokenizer()  # ids decode to little text; the synthetic env ignores it
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    peft_model = get_peft_model(model, LoraConfig(r=64, lora_alpha=64, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    return peft_model, tokenizer
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import train
+    from cli import parse_dataclass
+    from rollout import load_policy
+
+    args = parse_dataclass(BenchArgs, argv, description=__doc__)
+    algos = args.algos.split(",")
+    if args.model == "qwen7b-shape":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --model qwen7b-shape needs a CUDA GPU (about 6 GB of weights in 4-bit)")
+        model, tokenizer = qwen7b_shape_model()
+    else:
+        model, tokenizer = load_policy(args.model, lora_r=8, lora_alpha=16)
+    groups = max(1, args.episodes // args.group_size)
+    results = {}
+    for algo in algos:
+        flags = dict(preset="none", model=args.model, algo=algo, groups=groups, group_size=args.group_size,
+                     max_steps=args.steps, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                     micro_batch_rows=args.micro_batch_rows, kl_coef=args.kl_coef, hindsight="expert",
+                     eval_every=0, iterations=2, output_dir="/tmp/sharpo-bench")
+        targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
+        trainer = train.Trainer(targs, model=model, tokenizer=tokenizer, env=SyntheticEnv(args.steps, args.obs_words))
+        trainer.iteration()  # warm-up
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        clock = time.perf_counter()
+        metrics, _ = trainer.iteration()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        metrics["seconds/iteration"] = time.perf_counter() - clock
+        results[algo] = {k: v for k, v in metrics.items() if k.startswith(("seconds/", "tokens", "peak", "rows"))}
+    print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
+          f"~{args.obs_words}-word observations")
+    stages = ["rollout", "segments", "teacher", "update", "iteration"]
+    print(f"  {'algo':10s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}{'peak GB':>9s}")
+    for algo, r in results.items():
+        print(f"  {algo:10s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)
+              + f"{r['tokens_per_s_generate']:11.1f}{r['peak_memory_gb']:9.2f}")
+    if "sharpo" in results and "grpo" in results:
+        ratio = results["sharpo"]["seconds/iteration"] / results["grpo"]["seconds/iteration"]
+        results["sharpo_over_grpo_time"] = ratio
+        print(f"  SHARPO / GRPO iteration time: {ratio:.2f}x (the teacher pass is the difference)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
