@@ -7,14 +7,16 @@ Games: --num-games chosen round-robin over task types (sorted within each type),
 N still covers every type.
 
 Metrics (printed as a table and written as JSON):
-  success           share of episodes won (WebShop: share with score 1.0)
-  success/<type>    the same per task type
+  success           share of episodes won (WebShop: share of purchases with score 1.0)
+  success/<type>    the same per task type (WebShop: per product category)
+  mean_score        WebShop only: mean purchase score in 0..1 (papers report it x 100 as "score")
   mean_reward       mean episode reward R_i (10 * won - 0.1 * invalid actions)
   mean_steps        mean episode length in env steps
   invalid_rate      invalid actions / all steps
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
 
 Run: python eval.py --env alfworld --policy expert --split valid_seen --num-games 40
+     python eval.py --env webshop --policy random
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ from envs import make_env
 class EvalArgs:
     """Command-line flags of eval.py."""
 
-    env: str = "alfworld"  # which environment: alfworld
+    env: str = "alfworld"  # which environment: alfworld | webshop
     policy: str = "expert"  # expert | random | model
-    split: str | None = None  # game split; default: the env's eval split (ALFWorld: valid_unseen)
-    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA, else the shipped games
+    split: str | None = None  # split; default: the env's eval split (ALFWorld: valid_unseen, WebShop: test)
+    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     num_games: int = 0  # games to play, round-robin over task types; 0 = the whole split
-    max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50)
+    max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     batch_size: int = 16  # episodes played in one batch
     model: str | None = None  # model for --policy model; default: the checkpoint's, else per device

@@ -55,7 +55,7 @@ ALGOS = ("sharpo", "grpo", "rlsd", "stepopsd", "sdar")
 class TrainArgs:
     """Command-line flags of train.py (defaults: the GPU setting; --preset cpu-demo shrinks them)."""
 
-    env: str = "alfworld"  # environment: alfworld
+    env: str = "alfworld"  # environment: alfworld | webshop
     algo: str = "sharpo"  # sharpo | grpo | rlsd | stepopsd | sdar
     preset: str = "auto"  # auto (cpu-demo without a GPU, else gpu) | gpu | cpu-demo | none
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
@@ -63,13 +63,13 @@ class TrainArgs:
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
     init_adapter: str | None = None  # a LoRA adapter merged into the base first (warmstart.py output)
-    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA, else the shipped games
+    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     iterations: int = 100  # training iterations (one rollout batch each)
     groups: int = 16  # tasks per iteration
     group_size: int = 8  # rollouts per task (G)
-    max_steps: int = 50  # env steps per episode
+    max_steps: int = 0  # env steps per episode; 0 = the env's default (ALFWorld 50, WebShop 15)
     max_new_tokens: int = 256  # response length limit per turn
     min_new_tokens: int = 0  # force at least this many new tokens per turn (benchmarks only)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
@@ -103,11 +103,14 @@ WARMSTART = Path(__file__).resolve().parent / "data" / "warmstart" / "smollm2-al
 PRESETS = {
     "gpu": {},
     "cpu-demo": dict(  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
-        model="smollm2", init_adapter=str(WARMSTART), lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0,
-        iterations=2, groups=2, group_size=4, max_steps=4, max_new_tokens=48, max_plan_len=4,
-        hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
+        model="smollm2", lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0, iterations=2, groups=2, group_size=4,
+        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
     ),
     "none": {},
+}
+CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's; short games keep episodes to 4 steps
+    "alfworld": dict(init_adapter=str(WARMSTART), max_plan_len=4, max_steps=4),
+    "webshop": dict(max_steps=6),
 }
 
 
@@ -117,13 +120,14 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     from cli import build_parser
 
     argv = sys.argv[1:] if argv is None else argv
-    pre = build_parser(TrainArgs).parse_known_args(argv)[0].preset
+    known = build_parser(TrainArgs).parse_known_args(argv)[0]
+    pre = known.preset
     if pre == "auto":
         pre = "gpu" if torch.cuda.is_available() else "cpu-demo"
     if pre not in PRESETS:
         raise SystemExit(f"--preset must be auto, {', '.join(PRESETS)}; got {pre!r}")
     parser = build_parser(TrainArgs, __doc__)
-    parser.set_defaults(**PRESETS[pre])
+    parser.set_defaults(**PRESETS[pre], **(CPU_DEMO_PER_ENV.get(known.env, {}) if pre == "cpu-demo" else {}))
     args = TrainArgs(**vars(parser.parse_args(argv)))
     args.preset = pre
     if args.output_dir is None:
@@ -149,7 +153,7 @@ def check_args(args: TrainArgs) -> None:
         problems.append("--history must be a non-negative integer or 'all'")
     if args.temperature <= 0:
         problems.append("--temperature must be > 0 for training (sampling from the policy)")
-    for name in ("iterations", "groups", "group_size", "max_steps", "max_new_tokens", "minibatches",
+    for name in ("iterations", "groups", "group_size", "max_new_tokens", "minibatches",
                  "ppo_epochs", "micro_batch_rows", "save_every"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
@@ -184,6 +188,27 @@ def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, te
 
 
 # ----------------------------------------------------------------------------- one iteration
+@dataclass
+class RowBatch:
+    """What one iteration builds, stage by stage (B rows, one per step; T response positions)."""
+
+    trajs: list[Trajectory]  # the rollouts, in group order
+    steps: list  # (trajectory index, Step) per row
+    rows: list[Row]  # student rows: prompt ids + response ids
+    teacher_rows: list[Row]  # the hindsight rows, for the rows of trajectories with hindsight
+    segment_ids: torch.Tensor  # (B, T) long: 0 on response tokens, -1 on padding
+    gap_mask: torch.Tensor | None  # (B, T) bool: tokens counted in the gap (None = all)
+    has_hindsight: torch.Tensor  # (B,) bool
+    group_ids: list[int]  # group of each trajectory
+    logp_old: torch.Tensor | None = None  # (B, T) student log-probs before the update
+    logp_teacher: torch.Tensor | None = None  # (B, T) teacher log-probs (= logp_old without hindsight)
+    logp_ref: torch.Tensor | None = None  # (B, T) reference log-probs (adapter off), when kl_coef > 0
+    adv_row: torch.Tensor | None = None  # (B,) A_i of each row's trajectory
+    token_adv: torch.Tensor | None = None  # (B, T) Ahat
+    gaps: torch.Tensor | None = None  # (B,) segment gap g
+    mults: torch.Tensor | None = None  # (B,) segment multiplier m
+
+
 class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
 
@@ -206,7 +231,7 @@ class Trainer:
             )
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = tokenizer.pad_token_id
-        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
+        self.env = env or make_env(args.env, **env_kwargs(args))
         self.eval_env = None
         self.tasks = self._training_tasks()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -225,95 +250,112 @@ class Trainer:
 
     # -- the loop body
     def iteration(self) -> tuple[dict, list[dict]]:
+        """One iteration, stage by stage; returns (metrics line, sample trajectories)."""
+        it, t = self.iteration_done + 1, {}
+        clock = time.perf_counter()
+        trajs, policy = self.rollout(it)  # 1. rollout
+        t["rollout"], clock = time.perf_counter() - clock, time.perf_counter()
+        batch = self.make_rows(trajs)  # 2. segments
+        t["segments"], clock = time.perf_counter() - clock, time.perf_counter()
+        self.score(batch)  # 3. teacher
+        t["teacher"] = time.perf_counter() - clock
+        self.advantages(batch)  # 4. advantage
+        clock = time.perf_counter()
+        update = self.update(batch)  # 5. update
+        t["update"] = time.perf_counter() - clock
+        self.iteration_done = it  # 6. log (the caller writes it and checkpoints)
+        metrics = {"iteration": it, **rollout_metrics(trajs, batch.group_ids)}
+        if self.needs_teacher:
+            metrics.update(multiplier_metrics(batch.gaps, batch.mults, batch.has_hindsight, batch.adv_row, self.args.mult_eps))
+        metrics.update(update)
+        metrics["rows"] = len(batch.rows)
+        metrics["tokens_generated"] = policy.tokens_generated
+        metrics["tokens_per_s_generate"] = policy.tokens_generated / max(t["rollout"], 1e-9)
+        metrics.update({f"seconds/{k}": v for k, v in t.items()})
+        metrics["peak_memory_gb"] = peak_memory_gb()
+        return metrics, sample_records(batch, self.tokenizer, self.args.samples_per_iter, it)
+
+    @property
+    def needs_teacher(self) -> bool:
+        settings = algo_settings(self.args)
+        return settings["lam"] > 0 or settings["sdar_coef"] > 0
+
+    # 1. rollout: G copies of each sampled task, every live episode in one generate per turn
+    def rollout(self, it: int):
         from rollout import ModelPolicy, play_episodes
 
-        args, t = self.args, {}
-        history_len = None if args.history == "all" else int(args.history)
-        settings = algo_settings(args)
-        it = self.iteration_done + 1
-
-        # 1. rollout: G copies of each sampled task, every live episode in one generate per turn
-        clock = time.perf_counter()
+        args = self.args
         chosen = [self.rng.choice(self.tasks) for _ in range(args.groups)]
         task_ids = [task for task in chosen for _ in range(args.group_size)]
         group_ids = [g for g in range(args.groups) for _ in range(args.group_size)]
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
+        history_len = None if args.history == "all" else int(args.history)
         trajs = play_episodes(self.env, task_ids, policy, history_len, group_ids, desc=f"iter {it} rollout")
-        t["rollout"] = time.perf_counter() - clock
+        return trajs, policy
 
-        # 2. segments: one row per step for the student; the teacher's row where there is hindsight
-        clock = time.perf_counter()
+    # 2. segments: one row per step for the student; the teacher's row where there is hindsight
+    def make_rows(self, trajs: list[Trajectory]) -> "RowBatch":
         self._assign_hindsight(trajs)
         steps = [(i, s) for i, traj in enumerate(trajs) for s in traj.steps]  # (trajectory index, step)
         rows = [build_row(self.tokenizer, s.messages, s.response_ids) for _, s in steps]
         for row, (_, s) in zip(rows, steps):  # the trained ids are exactly the fed and sampled ids
             assert row.input_ids == s.prompt_ids + s.response_ids
-        has_hindsight = torch.tensor([trajs[i].hindsight is not None for i, _ in steps])  # (B,)
         teacher_rows = [build_teacher_row(self.tokenizer, s.messages, s.response_ids, trajs[i].hindsight)
                         for i, s in steps if trajs[i].hindsight is not None]
-        B = len(rows)
         T = max(len(r.response_ids) for r in rows)
         seg = response_segment_ids(torch.tensor([len(r.response_ids) for r in rows]), T)  # (B, T) 0 or -1
-        t["segments"] = time.perf_counter() - clock
-
-        # 3. teacher: student (before the update), teacher (hindsight rows) and reference log-probs
-        clock = time.perf_counter()
-        mb = args.micro_batch_rows
-        self.model.eval()
-        logp_old = rows_logprobs(self.model, rows, self.pad_id, mb, args.temperature, T)  # (B, T)
-        logp_teacher = logp_old.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
-        needs_teacher = settings["lam"] > 0 or settings["sdar_coef"] > 0
-        if teacher_rows and needs_teacher:
-            logp_teacher[has_hindsight] = rows_logprobs(self.model, teacher_rows, self.pad_id, mb, args.temperature, T)
-        logp_ref = None
-        if args.kl_coef > 0:
-            with self.model.disable_adapter():  # the reference model: base weights, no second copy
-                logp_ref = rows_logprobs(self.model, rows, self.pad_id, mb, args.temperature, T)  # (B, T)
-        t["teacher"] = time.perf_counter() - clock
-
-        # 4. advantage: A_i over each group, then the per-token Ahat of --algo
-        rewards = torch.tensor([traj.reward for traj in trajs])  # (N,)
-        adv_traj = grpo_advantages(rewards, torch.tensor(group_ids))  # (N,)
-        adv_row = adv_traj[[i for i, _ in steps]]  # (B,) each row carries its trajectory's A_i
         gap_mask = None
-        if args.gap_tokens == "action":
-            gap_mask = torch.zeros(B, T, dtype=torch.bool)  # (B, T) True = inside <action>...</action>
+        if self.args.gap_tokens == "action":
+            gap_mask = torch.zeros(len(rows), T, dtype=torch.bool)  # (B, T) True = inside <action>...</action>
             for b, r in enumerate(rows):
                 gap_mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(self.tokenizer, r.response_ids))
-        token_adv = sharpo_token_advantages(
-            adv_row, logp_teacher, logp_old, seg, lam=settings["lam"], clip_eps=args.mult_eps,
-            granularity=settings["granularity"], shape=settings["shape"], gap_mask=gap_mask,
-        )  # (B, T)
-        gaps, mults = segment_multipliers(adv_row, logp_teacher, logp_old, seg, args.mult_eps, settings["shape"], gap_mask)  # (B, 1)
-
-        # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
-        clock = time.perf_counter()
-        self.model.train()
-        update = self._update(rows, logp_old, logp_teacher, logp_ref, token_adv, seg >= 0, has_hindsight, settings)
-        t["update"] = time.perf_counter() - clock
-
-        # 6. log
-        self.iteration_done = it
-        metrics = {"iteration": it, **rollout_metrics(trajs, group_ids)}
-        if needs_teacher:
-            metrics.update(multiplier_metrics(gaps[:, 0], mults[:, 0], has_hindsight, adv_row, args.mult_eps))
-        metrics.update(update)
-        metrics["rows"] = B
-        metrics["tokens_generated"] = policy.tokens_generated
-        metrics["tokens_per_s_generate"] = policy.tokens_generated / max(t["rollout"], 1e-9)
-        metrics.update({f"seconds/{k}": v for k, v in t.items()})
-        metrics["peak_memory_gb"] = peak_memory_gb()
-        samples = sample_records(trajs, steps, adv_row, gaps[:, 0], mults[:, 0], logp_teacher - logp_old, rows,
-                                 self.tokenizer, args.samples_per_iter, it)
-        return metrics, samples
+        return RowBatch(
+            trajs=trajs, steps=steps, rows=rows, teacher_rows=teacher_rows, segment_ids=seg, gap_mask=gap_mask,
+            has_hindsight=torch.tensor([trajs[i].hindsight is not None for i, _ in steps]),
+            group_ids=[traj.group for traj in trajs],
+        )
 
     def _assign_hindsight(self, trajs: list[Trajectory]) -> None:
+        """SHARPO.md section 2: sibling (a successful group mate's actions) or the env expert's plan."""
         if self.args.hindsight == "sibling":
             for traj, text in zip(trajs, sibling_hindsight(trajs)):
                 traj.hindsight = text
         else:
             for traj in trajs:
                 traj.hindsight = format_plan("The expert's plan for this task, from the start:", self.env.expert_plan(traj.task_id))
+
+    # 3. teacher: student (before the update), teacher (hindsight rows) and reference log-probs
+    def score(self, batch: "RowBatch") -> None:
+        args, mb, T = self.args, self.args.micro_batch_rows, batch.segment_ids.shape[1]
+        self.model.eval()
+        batch.logp_old = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T)  # (B, T)
+        batch.logp_teacher = batch.logp_old.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
+        if batch.teacher_rows and self.needs_teacher:
+            batch.logp_teacher[batch.has_hindsight] = rows_logprobs(
+                self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T)
+        if args.kl_coef > 0:
+            with self.model.disable_adapter():  # the reference model: base weights, no second copy
+                batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T)  # (B, T)
+
+    # 4. advantage: A_i over each group, then the per-token Ahat of --algo
+    def advantages(self, batch: "RowBatch") -> None:
+        args, settings = self.args, algo_settings(self.args)
+        rewards = torch.tensor([traj.reward for traj in batch.trajs])  # (N,)
+        adv_traj = grpo_advantages(rewards, torch.tensor(batch.group_ids))  # (N,)
+        batch.adv_row = adv_traj[[i for i, _ in batch.steps]]  # (B,) each row carries its trajectory's A_i
+        batch.token_adv = sharpo_token_advantages(
+            batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids, lam=settings["lam"],
+            clip_eps=args.mult_eps, granularity=settings["granularity"], shape=settings["shape"], gap_mask=batch.gap_mask,
+        )  # (B, T)
+        gaps, mults = segment_multipliers(batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids,
+                                          args.mult_eps, settings["shape"], batch.gap_mask)  # (B, 1): one segment a row
+        batch.gaps, batch.mults = gaps[:, 0], mults[:, 0]  # (B,)
+
+    # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
+    def update(self, batch: "RowBatch") -> dict:
+        self.model.train()
+        return self._update(batch.rows, batch.logp_old, batch.logp_teacher, batch.logp_ref, batch.token_adv,
+                            batch.segment_ids >= 0, batch.has_hindsight, algo_settings(self.args))
 
     def _update(self, rows, logp_old, logp_teacher, logp_ref, token_adv, trained, has_hindsight, settings) -> dict:
         """--ppo-epochs passes of --minibatches optimizer steps; micro-batches accumulate."""
@@ -386,7 +428,7 @@ class Trainer:
 
         args = self.args
         if self.eval_env is None:
-            self.eval_env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
+            self.eval_env = make_env(args.env, **env_kwargs(args))
         split = args.eval_split or self.eval_env.default_eval_split
         games = pick_games(self.eval_env, split, args.eval_games)
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, temperature=0.0)
@@ -434,6 +476,11 @@ class Trainer:
             self.eval_env.close()
 
 
+def env_kwargs(args: TrainArgs) -> dict:
+    """The env's constructor arguments: its data folder, and max_steps unless left to its default."""
+    return {"data_dir": args.data_dir, **({"max_steps": args.max_steps} if args.max_steps > 0 else {})}
+
+
 def find_checkpoint(path: str) -> Path:
     """--resume takes a run folder or its checkpoint folder."""
     p = Path(path)
@@ -476,26 +523,27 @@ def peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
-def sample_records(trajs, steps, adv_row, gaps, mults, delta, rows, tokenizer, k, it) -> list[dict]:
+def sample_records(batch: RowBatch, tokenizer, k: int, it: int) -> list[dict]:
     """A few trajectories (those with hindsight first) with each segment's gap and multiplier."""
+    trajs, steps = batch.trajs, batch.steps
+    delta = batch.logp_teacher - batch.logp_old  # (B, T) per-token teacher - student gap
     picked = sorted(range(len(trajs)), key=lambda i: (trajs[i].hindsight is None, i))[:k]
     records = []
     for i in picked:
+        mine = [b for b, (j, _) in enumerate(steps) if j == i]
         segs = []
-        for b, (j, s) in enumerate(steps):
-            if j != i:
-                continue
-            n = len(rows[b].response_ids)
+        for b in mine:
+            s, n = steps[b][1], len(batch.rows[b].response_ids)
             segs.append({
                 "observation": s.messages[-1]["content"].split("Current observation: ")[-1].split("\nAdmissible")[0],
                 "response": s.response_text, "action": s.action, "reward": s.reward,
-                "gap": float(gaps[b]), "multiplier": float(mults[b]),
-                "tokens": [tokenizer.decode([t]) for t in rows[b].response_ids],
+                "gap": float(batch.gaps[b]), "multiplier": float(batch.mults[b]),
+                "tokens": [tokenizer.decode([t]) for t in batch.rows[b].response_ids],
                 "token_delta": [round(float(x), 4) for x in delta[b, :n]],
             })
         traj = trajs[i]
         records.append({"iteration": it, "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
-                        "reward": traj.reward, "advantage": float(adv_row[[b for b, (j, _) in enumerate(steps) if j == i][0]]),
+                        "reward": traj.reward, "advantage": float(batch.adv_row[mine[0]]),
                         "hindsight": traj.hindsight, "segments": segs})
     return records
 

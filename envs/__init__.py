@@ -28,11 +28,15 @@ from dataclasses import dataclass, field
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (SHARPO.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
 
-ANSWER_FORMAT = (
-    "First think step by step about the situation inside <think> </think> tags. "
-    "Then give exactly one admissible action inside <action> </action> tags, "
-    "for example: <think>...</think><action>go to countertop 1</action>"
-)
+
+
+def answer_format(example_action: str) -> str:
+    """The answer-format instruction that ends every prompt, with an env-specific example."""
+    return (
+        "First think step by step about the situation inside <think> </think> tags. "
+        "Then give exactly one admissible action inside <action> </action> tags, "
+        f"for example: <think>...</think><action>{example_action}</action>"
+    )
 
 
 @dataclass
@@ -83,4 +87,8 @@ def make_env(name: str, **kwargs):
         from envs.alfworld import AlfWorldEnv
 
         return AlfWorldEnv(**kwargs)
-    raise ValueError(f"unknown env {name!r}: choose 'alfworld'")
+    if name == "webshop":
+        from envs.webshop import WebShopEnv
+
+        return WebShopEnv(**kwargs)
+    raise ValueError(f"unknown env {name!r}: choose 'alfworld' or 'webshop'")

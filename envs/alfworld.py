@@ -23,7 +23,7 @@ import re
 import time
 from pathlib import Path
 
-from envs import ANSWER_FORMAT, INVALID_PENALTY, WIN_REWARD, EnvStep, extract_action
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, answer_format, extract_action
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -160,7 +160,7 @@ def build_messages(
             lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
     lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
     lines.append("Admissible actions: " + ", ".join(admissible))
-    lines.append(ANSWER_FORMAT)
+    lines.append(answer_format("go to countertop 1"))
     return [{"role": "user", "content": "\n".join(lines)}]
 
 

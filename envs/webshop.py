@@ -1,0 +1,477 @@
+"""WebShop, offline: upstream's text-mode shop (search, results, item pages), its reward, its files.
+
+Pages and observations follow upstream WebShop's `text` mode: the visible texts of a page
+joined by " [SEP] ", the instruction on every page. Actions are `search[query]` (only on the
+search page) and `click[button]` (a lowercased button, product ASIN or option value shown on
+the page); an invalid action leaves the page unchanged. `click[buy now]` ends the episode.
+
+Score of a purchase (upstream goal.py), in 0..1:
+    score = r_type * (n_attr_matches + n_option_matches + [price <= price_upper])
+                   / (n_attrs + n_options + 1)
+  attribute match: rapidfuzz token_set_ratio > 85 with one of the product's attributes, or
+  the attribute a substring of its title, bullet points or description; option match: ratio
+  > 85 with a chosen option; r_type from query / category / product-name overlap.
+Episode reward (SHARPO.md section 1): 10 if the score is 1.0, minus 0.1 per invalid action;
+the raw score goes in info["score"]. At most `max_steps` (default 15) steps.
+
+Deviations from upstream, and why:
+  - Search: BM25 (bm25s, method "lucene", k1 0.9, b 0.4) with a Lucene-like English analyzer
+    (lowercase, drop 's, \\w+(?:\\.\\w+)* tokens, Lucene's English stopwords, Porter stems) over
+    upstream's indexed text (title, description, first bullet point, options), instead of
+    Pyserini, which needs Java. Only documents with a positive score are returned, top 50.
+  - r_type: upstream compares the nouns spaCy finds in the product names; the spaCy model is
+    not on PyPI, so the name's content words (alphabetic, not a stopword) stand in for nouns.
+  - Option values are matched as upstream, without its color-name normalization table.
+  - The price shown on results and item pages is the product's sampled price (seeded), the
+    one the purchase is scored against; the done page shows the score, not an MTurk code.
+Goals: upstream's human goals (items_human_ins.json), each with a price limit drawn above the
+product's sampled price as upstream does; shuffled with random.Random(233) (upstream's seed),
+the first 500 are `test` (upstream's test goals) -- the first quarter when there are fewer
+than 2,000 goals (the shipped catalog) -- and the rest `train`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, answer_format, extract_action
+
+SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
+SPLITS = ("train", "test")
+PAGE_SIZE, SEARCH_TOP = 10, 50
+PRICE_RANGE = [10.0 * i for i in range(1, 100)]
+BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
+SUB_PAGES = ("description", "features", "reviews")
+SEP = " [SEP] "
+# Lucene's English stop set (the analyzer Pyserini's default index uses)
+LUCENE_STOPWORDS = set("a an and are as at be but by for if in into is it no not of on or such that the their then "
+                       "there these they this to was will with".split())
+_WORD = re.compile(r"\w+(?:\.\w+)*")
+_ACTION = re.compile(r"(.+)\[(.+)\]")
+
+
+# ----------------------------------------------------------------------------- data
+def _read_json(path: Path, what: str):
+    if not path.exists():
+        raise FileNotFoundError(f"WebShop {what} file not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def _find(root: Path, pattern: str, what: str) -> Path:
+    found = sorted(root.glob(pattern))
+    if not found:
+        raise FileNotFoundError(
+            f"no WebShop {what} file ({pattern}) in {root}. Point --data-dir at a folder with upstream's "
+            f"items_shuffle*.json, items_ins_v2*.json and items_human_ins.json, or leave it unset for the shipped catalog."
+        )
+    return found[0]
+
+
+def _field(record: dict, key: str, path: Path, asin: str = "?"):
+    if key not in record:
+        raise ValueError(f"{path}: product {asin} has no field {key!r}")
+    return record[key]
+
+
+def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
+    """Upstream's raw product files -> products with Title, Description, BulletPoints,
+    pricing (one or two floats), options {name: [values]}, Attributes (as upstream's loader)."""
+    raw, attrs = _read_json(items_path, "products"), _read_json(attrs_path, "attributes")
+    if not isinstance(raw, list):
+        raise ValueError(f"{items_path}: expected a list of products")
+    products, seen = [], set()
+    for p in raw:
+        asin = _field(p, "asin", items_path)
+        if asin == "nan" or len(asin) > 10 or asin in seen:
+            continue
+        seen.add(asin)
+        bullets = _field(p, "small_description", items_path, asin)
+        bullets = bullets if isinstance(bullets, list) else [bullets]
+        pricing = _field(p, "pricing", items_path, asin)
+        prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing).split("$")[1:] if re.sub(r"[^\d.]", "", x)]
+        prices = prices[:2] or [100.0]
+        options = {}
+        for name, contents in (p.get("customization_options") or {}).items():
+            if contents:
+                options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+        products.append({
+            "asin": asin, "Title": _field(p, "name", items_path, asin), "name": p["name"],
+            "Description": _field(p, "full_description", items_path, asin) or "", "BulletPoints": bullets,
+            "pricing": prices, "options": options, "category": p.get("category", ""),
+            "query": str(p.get("query", "")).lower().strip(), "product_category": p.get("product_category", ""),
+            "Attributes": attrs.get(asin, {}).get("attributes", ["DUMMY_ATTR"]),
+            "Rating": p.get("average_rating", "N.A."), "Reviews": p.get("Reviews", []),
+        })
+    return products
+
+
+def sample_prices(products: list[dict], seed: int) -> dict[str, float]:
+    """One price per product: uniform in its price range (seeded), or its only price."""
+    rng = random.Random(seed)
+    return {p["asin"]: round(rng.uniform(*p["pricing"]), 2) if len(p["pricing"]) == 2 else p["pricing"][0] for p in products}
+
+
+def make_goals(products: list[dict], human: dict, prices: dict[str, float], seed: int) -> list[dict]:
+    """Upstream's human goals: each instruction of each product, with a price limit drawn from
+    the next four 10-dollar steps above its price (two drawn, the larger kept), as upstream."""
+    rng = random.Random(seed)
+    goals = []
+    for p in products:
+        for ins in human.get(p["asin"], []):
+            attributes = ins.get("instruction_attributes") or []
+            if not attributes:
+                continue
+            steps = [x for x in PRICE_RANGE if x > prices[p["asin"]]][:4]
+            if len(steps) >= 2:
+                price_upper = sorted(rng.sample(steps, 2))[1]
+                price_text = f", and price lower than {price_upper:.2f} dollars"
+            else:
+                price_upper, price_text = 1_000_000.0, ""
+            goals.append({
+                "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
+                "product_category": p["product_category"], "attributes": attributes,
+                "goal_options": list(ins.get("instruction_options") or []), "price_upper": price_upper,
+                "words": ins["instruction"].strip().rstrip("."), "instruction_text": ins["instruction"].strip().rstrip(".") + price_text,
+            })
+    return goals
+
+
+def split_goals(goals: list[dict]) -> dict[str, list[int]]:
+    """Shuffle goal indices with random.Random(233); test = first 500 (or first quarter below 2,000)."""
+    order = list(range(len(goals)))
+    random.Random(233).shuffle(order)
+    n_test = 500 if len(goals) >= 2000 else max(1, len(goals) // 4)
+    return {"test": order[:n_test], "train": order[n_test:]}
+
+
+# ----------------------------------------------------------------------------- search
+def analyze(text: str) -> list[str]:
+    """Lucene-like English analysis: lowercase, drop possessive 's, word tokens, stopwords, Porter stems."""
+    import Stemmer
+
+    words = [w for w in _WORD.findall(text.lower().replace("'s", "")) if w not in LUCENE_STOPWORDS]
+    return Stemmer.Stemmer("porter").stemWords(words)
+
+
+class SearchEngine:
+    """BM25 over upstream's indexed text of each product (title, description, first bullet, options)."""
+
+    def __init__(self, products: list[dict]):
+        import bm25s
+
+        self.asins = [p["asin"] for p in products]
+        docs = []
+        for p in products:
+            options = ", and ".join(f"{name}: {', '.join(values)}" for name, values in p["options"].items())
+            docs.append(analyze(" ".join([p["Title"], p["Description"], p["BulletPoints"][0] if p["BulletPoints"] else "", options])))
+        self.bm25 = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
+        self.bm25.index(docs, show_progress=False)
+
+    def search(self, query: str, top: int = SEARCH_TOP) -> list[str]:
+        """ASINs by decreasing score (ties: catalog order), positive scores only, at most `top`."""
+        tokens = analyze(query)
+        if not tokens:
+            return []
+        scores = self.bm25.get_scores(tokens)
+        ranked = sorted((i for i in range(len(self.asins)) if scores[i] > 0), key=lambda i: (-scores[i], i))
+        return [self.asins[i] for i in ranked[:top]]
+
+
+# ----------------------------------------------------------------------------- reward
+def _content_words(name: str) -> set[str]:
+    """Stand-in for spaCy's nouns: the name's alphabetic words that are not stopwords."""
+    return {w for w in re.findall(r"[a-z]+", name.lower()) if w not in LUCENE_STOPWORDS and len(w) > 1}
+
+
+def type_reward(product: dict, goal: dict) -> float:
+    """r_type (upstream get_type_reward): 1, or 0.5 / 0.1 / 0 as query, category and name overlap fail."""
+    query_match = product["query"] == goal["query"]
+    cats_p = {x.strip() for x in product["product_category"].split("›")}
+    cats_g = {x.strip() for x in goal["product_category"].split("›")}
+    category_match = len(cats_p & cats_g) >= 2
+    desired, bought = _content_words(goal["name"]), _content_words(product["name"])
+    title_score = 0.2 if not desired else len(desired & bought) / len(desired)
+    r_type = 1.0 if (query_match or category_match or title_score > 0.2) else 0.5
+    if title_score < 0.1:
+        r_type = 0.1
+    if title_score == 0.0:
+        r_type = 0.0
+    return r_type
+
+
+def _fuzzy(a: str, b: str) -> float:
+    from rapidfuzz import fuzz, utils
+
+    return fuzz.token_set_ratio(a, b, processor=utils.default_process)
+
+
+def attribute_matches(product: dict, goal: dict) -> int:
+    """Goal attributes found among the product's attributes (ratio > 85) or in its text."""
+    text = [product["Title"].lower(), " ".join(product["BulletPoints"]).lower(), product["Description"].lower()]
+    n = 0
+    for g in goal["attributes"]:
+        if any(_fuzzy(p, g) > 85 for p in product["Attributes"]) or any(g in t for t in text):
+            n += 1
+    return n
+
+
+def option_matches(chosen: list[str], goal: dict) -> int:
+    """Goal options matched by a chosen option value (ratio > 85)."""
+    return sum(any(_fuzzy(c, g) > 85 for c in chosen) for g in goal["goal_options"])
+
+
+def purchase_score(product: dict, goal: dict, price: float, chosen: list[str]) -> float:
+    """The purchase's score in 0..1 (module docstring)."""
+    r_price = 1.0 if price <= goal["price_upper"] else 0.0
+    matched = attribute_matches(product, goal) + option_matches(chosen, goal) + r_price
+    return type_reward(product, goal) * matched / (len(goal["attributes"]) + len(goal["goal_options"]) + 1)
+
+
+# ----------------------------------------------------------------------------- pages
+@dataclass
+class Page:
+    """Where the shopper is: kind is search | results | item | description | features | reviews | done."""
+
+    kind: str = "search"
+    query: str = ""
+    results: list[str] = field(default_factory=list)
+    page_no: int = 1
+    asin: str | None = None
+    chosen: dict[str, str] = field(default_factory=dict)  # option name -> chosen value
+    score: float = 0.0
+
+
+def parse_web_action(action: str) -> tuple[str, str | None]:
+    """Upstream's parse: 'name[arg]' -> (name, lowercased arg); anything else -> (text, None)."""
+    m = _ACTION.match(action)
+    return (action, None) if m is None else (m.group(1), m.group(2).lower())
+
+
+def parse_action(text: str, clickables: list[str], has_search_bar: bool) -> tuple[str | None, str]:
+    """Model text -> (a valid action, "") or (None, why it is invalid). Never raises."""
+    action, why = extract_action(text)
+    if action is None:
+        return None, why
+    name, arg = parse_web_action(action)
+    if name == "search" and arg and arg.strip():
+        return (f"search[{arg}]", "") if has_search_bar else (None, "search is only possible on the search page")
+    if name == "click" and arg is not None and arg in clickables and arg != "search":
+        return f"click[{arg}]", ""
+    if name == "click":
+        return None, f"'{arg}' is not a button on this page"
+    return None, f"'{action}' is neither search[...] nor click[...]"
+
+
+# ----------------------------------------------------------------------------- the env
+class WebShopEnv:
+    """A batch of independent WebShop episodes (see envs/__init__.py for the interface)."""
+
+    name = "webshop"
+    default_eval_split = "test"
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 15, seed: int = 0):
+        root = Path(data_dir or os.environ.get("WEBSHOP_DATA") or SHIPPED_DATA).expanduser()
+        if not root.is_dir():
+            raise FileNotFoundError(f"WebShop data folder not found: {root}. Pass --data-dir (or $WEBSHOP_DATA), "
+                                    f"or leave both unset for the shipped catalog in {SHIPPED_DATA}.")
+        self.products = load_products(_find(root, "items_shuffle*.json", "products"), _find(root, "items_ins_v2*.json", "attributes"))
+        self.by_asin = {p["asin"]: p for p in self.products}
+        self.prices = sample_prices(self.products, seed)
+        human = _read_json(_find(root, "items_human_ins*.json", "human goals"), "human goals")
+        self.goals = make_goals(self.products, human, self.prices, seed)
+        if not self.goals:
+            raise ValueError(f"{root}: no goal has instruction_attributes; nothing to train or test on")
+        self.splits = split_goals(self.goals)
+        self.engine = SearchEngine(self.products)
+        self.max_steps = max_steps
+        self._episodes: list[dict] = []
+        self.seconds = {"reset": 0.0, "step": 0.0}
+        self.counts = {"reset": 0, "step": 0}
+
+    # -- tasks
+    def tasks(self, split: str) -> list[str]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown WebShop split {split!r}: choose train or test")
+        return [f"goal-{i:05d}" for i in sorted(self.splits[split])]
+
+    def goal(self, task_id: str) -> dict:
+        return self.goals[int(task_id.split("-")[1])]
+
+    def task_type(self, task_id: str) -> str:
+        return self.goal(task_id)["category"] or "all"
+
+    # -- pages
+    def render(self, page: Page, goal: dict) -> tuple[str, list[str], bool]:
+        """(observation text, clickables, has_search_bar) of a page, as upstream's text mode."""
+        head = ["Instruction:", goal["instruction_text"]]
+        if page.kind == "search":
+            return SEP.join(["WebShop"] + head + ["Search"]), [], True
+        if page.kind == "results":
+            start = (page.page_no - 1) * PAGE_SIZE
+            shown = page.results[start : start + PAGE_SIZE]
+            texts = head + ["Back to Search", f"Page {page.page_no} (Total results: {len(page.results)})"]
+            clicks = [BACK]
+            if page.page_no > 1:
+                texts.append("< Prev")
+                clicks.append(PREV)
+            if start + PAGE_SIZE < len(page.results):
+                texts.append("Next >")
+                clicks.append(NEXT)
+            for asin in shown:
+                texts += [asin, self.by_asin[asin]["Title"], f"${self.prices[asin]:.2f}"]
+                clicks.append(asin.lower())
+            return SEP.join(texts), clicks, False
+        product = self.by_asin[page.asin]
+        if page.kind == "item":
+            texts, clicks = head + ["Back to Search", "< Prev"], [BACK, PREV]
+            for name, values in product["options"].items():
+                texts += [name] + values
+                clicks += values
+            texts += [product["Title"], f"Price: ${self.prices[page.asin]:.2f}", f"Rating: {product['Rating']}",
+                      "Description", "Features", "Reviews", "Buy Now"]
+            return SEP.join(texts), clicks + list(SUB_PAGES) + [BUY], False
+        if page.kind in SUB_PAGES:
+            body = {"description": [product["Description"]], "features": product["BulletPoints"],
+                    "reviews": [str(r) for r in product["Reviews"]] or ["No reviews yet."]}[page.kind]
+            return SEP.join(head + ["Back to Search", "< Prev"] + body), [BACK, PREV], False
+        return SEP.join(["Thank you for shopping with us!", "Purchased", page.asin,
+                         "Your score (min 0.0, max 1.0)", f"{page.score:.2f}"]), [], False
+
+    def _transition(self, page: Page, action: str, goal: dict) -> Page:
+        """The page after a valid action."""
+        name, arg = parse_web_action(action)
+        if name == "search":
+            return Page("results", query=arg, results=self.engine.search(arg))
+        if arg == BACK:
+            return Page("search")
+        if page.kind == "results":
+            if arg == NEXT:
+                return replace(page, page_no=page.page_no + 1)
+            if arg == PREV:
+                return replace(page, page_no=page.page_no - 1)
+            return replace(page, kind="item", asin=arg.upper(), chosen={})
+        if page.kind == "item":
+            if arg == PREV:
+                return replace(page, kind="results", asin=None, chosen={})
+            if arg in SUB_PAGES:
+                return replace(page, kind=arg)
+            if arg == BUY:
+                product = self.by_asin[page.asin]
+                score = purchase_score(product, goal, self.prices[page.asin], list(page.chosen.values()))
+                return replace(page, kind="done", score=score)
+            for option, values in self.by_asin[page.asin]["options"].items():
+                if arg in values:
+                    return replace(page, chosen={**page.chosen, option: arg})
+        if page.kind in SUB_PAGES and arg == PREV:
+            return replace(page, kind="item")
+        raise AssertionError(f"unhandled valid action {action} on a {page.kind} page")
+
+    def expert_action(self, page: Page, goal: dict) -> str | None:
+        """Search the goal's words, page to the goal product, choose its options, buy."""
+        if page.kind == "search":
+            return f"search[{goal['words'].lower()}]"
+        if page.kind == "results":
+            start = (page.page_no - 1) * PAGE_SIZE
+            if goal["asin"] in page.results[start : start + PAGE_SIZE]:
+                return f"click[{goal['asin'].lower()}]"
+            return f"click[{NEXT}]" if start + PAGE_SIZE < len(page.results) else f"click[{BACK}]"
+        if page.kind == "item":
+            if page.asin != goal["asin"]:
+                return f"click[{PREV}]"
+            for option, values in self.by_asin[page.asin]["options"].items():
+                wanted = [v for v in values if any(_fuzzy(v, g) > 85 for g in goal["goal_options"])]
+                if wanted and page.chosen.get(option) != wanted[0]:
+                    return f"click[{wanted[0]}]"
+            return f"click[{BUY}]"
+        if page.kind in SUB_PAGES:
+            return f"click[{PREV}]"
+        return None
+
+    def _state(self, ep: dict, reward: float, done: bool, invalid: bool, action: str | None, info: dict) -> EnvStep:
+        page, goal = ep["page"], ep["goal"]
+        text, clicks, search_bar = self.render(page, goal)
+        ep["clickables"], ep["search_bar"] = clicks, search_bar
+        admissible = (["search[<your query>]"] if search_bar else []) + [f"click[{c}]" for c in clicks]
+        return EnvStep(text, admissible, reward, done, done and page.score == 1.0, invalid, goal["instruction_text"],
+                       self.task_type(ep["task_id"]), self.expert_action(page, goal), action, info)
+
+    # -- episodes
+    def reset(self, task_ids: list[str]) -> list[EnvStep]:
+        import time
+
+        t0 = time.perf_counter()
+        self._episodes = [dict(task_id=t, goal=self.goal(t), page=Page(), steps=0) for t in task_ids]
+        out = [self._state(ep, 0.0, False, False, None, {}) for ep in self._episodes]
+        self.seconds["reset"] += time.perf_counter() - t0
+        self.counts["reset"] += len(task_ids)
+        return out
+
+    def step(self, responses: list[str | None]) -> list[EnvStep | None]:
+        import time
+
+        if len(responses) != len(self._episodes):
+            raise ValueError(f"step got {len(responses)} responses for {len(self._episodes)} episodes")
+        out: list[EnvStep | None] = []
+        for ep, text in zip(self._episodes, responses):
+            if ep.get("done"):
+                if text is not None:
+                    raise ValueError("step got a response for an episode that is already done (pass None)")
+                out.append(None)
+                continue
+            action, why = parse_action(text or "", ep["clickables"], ep["search_bar"])
+            ep["steps"] += 1
+            if action is not None:
+                t0 = time.perf_counter()
+                ep["page"] = self._transition(ep["page"], action, ep["goal"])
+                self.seconds["step"] += time.perf_counter() - t0
+                self.counts["step"] += 1
+            bought = ep["page"].kind == "done"
+            ep["done"] = bought or ep["steps"] >= self.max_steps
+            reward = (WIN_REWARD if bought and ep["page"].score == 1.0 else 0.0) - (INVALID_PENALTY if action is None else 0.0)
+            info = {"invalid_reason": why} if why else {}
+            if ep["done"]:
+                info["score"] = ep["page"].score if bought else 0.0
+            state = self._state(ep, reward, ep["done"], action is None, action, info)
+            if action is None:
+                state.observation = f"Invalid action ({why}). Nothing happens. " + state.observation
+            out.append(state)
+        return out
+
+    def expert_plan(self, task_id: str) -> list[str]:
+        """The expert's actions from the start state: search, page to the product, options, buy."""
+        goal, page, plan = self.goal(task_id), Page(), []
+        while page.kind != "done" and len(plan) < self.max_steps:
+            action = self.expert_action(page, goal)
+            plan.append(action)
+            page = self._transition(page, action, goal)
+        return plan
+
+    def build_messages(self, state: EnvStep, history: list[tuple[str, str]], history_len: int | None) -> list[dict]:
+        return build_messages(state.task, history, state.observation, state.admissible, history_len)
+
+    def close(self) -> None:
+        self._episodes = []
+
+
+def build_messages(
+    task: str, history: list[tuple[str, str]], observation: str, admissible: list[str], history_len: int | None
+) -> list[dict]:
+    """The policy's chat context for one WebShop step (one user message)."""
+    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
+    first = len(history) - len(shown)
+    lines = [f"You are shopping on a web store. Your task is to: {task}"]
+    if shown:
+        lines.append(f"You have taken {len(history)} step(s). Your most recent ones, observation then action:")
+        for j, (obs, act) in enumerate(shown, start=first + 1):
+            lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
+    lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
+    lines.append("Available actions: " + ", ".join(admissible))
+    lines.append(answer_format("click[buy now]"))
+    return [{"role": "user", "content": "\n".join(lines)}]
