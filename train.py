@@ -445,6 +445,7 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp / "adapter", safe_serialization=True)
+        (tmp / "adapter" / "README.md").unlink(missing_ok=True)  # peft's model-card stub: nothing of ours in it
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "tasks": self.rng.getstate()}
         if torch.cuda.is_available():

@@ -17,7 +17,7 @@ Interface (duck-typed; see envs/alfworld.py):
     env.reset(task_ids) -> list[EnvStep]
     env.step(responses: list[str | None]) -> list[EnvStep | None]
     env.expert_plan(task_id) -> list[str]            the expert's actions from the start state
-    env.build_messages(state, history, history_len) -> list[dict]   the policy's chat context
+    env.build_messages(state, history, history_len) -> list[dict]   the policy's chat context (step_prompt)
     env.close()
 """
 from __future__ import annotations
@@ -28,6 +28,34 @@ from dataclasses import dataclass, field
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (SHARPO.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
 
+
+
+def check_responses(responses: list, done: list[bool]) -> None:
+    """step()'s contract: one response per episode of the batch, None for the episodes already done."""
+    if len(responses) != len(done):
+        raise ValueError(f"step got {len(responses)} responses for {len(done)} episodes")
+    if any(d and r is not None for r, d in zip(responses, done)):
+        raise ValueError("step got a response for an episode that is already done (pass None)")
+
+
+def step_prompt(
+    intro: str, history: list[tuple[str, str]], observation: str, actions_label: str, actions: list[str],
+    example_action: str, history_len: int | None,
+) -> list[dict]:
+    """The policy's chat context for one step, one user message (the model's default system prompt):
+    the intro with the task, the last `history_len` (observation, action) pairs (None = all),
+    the current observation, the available actions and the answer format."""
+    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
+    first = len(history) - len(shown)
+    lines = [intro]
+    if shown:
+        lines.append(f"You have taken {len(history)} step(s). Your most recent ones, observation then action:")
+        for j, (obs, act) in enumerate(shown, start=first + 1):
+            lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
+    lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
+    lines.append(f"{actions_label}: " + ", ".join(actions))
+    lines.append(answer_format(example_action))
+    return [{"role": "user", "content": "\n".join(lines)}]
 
 
 def answer_format(example_action: str) -> str:

@@ -23,7 +23,7 @@ import re
 import time
 from pathlib import Path
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, answer_format, extract_action
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -146,22 +146,11 @@ def parse_action(text: str, admissible: list[str]) -> tuple[str | None, str]:
 def build_messages(
     task: str, history: list[tuple[str, str]], observation: str, admissible: list[str], history_len: int | None
 ) -> list[dict]:
-    """The policy's chat context for one step (one user message; the model's default system prompt).
-
-    history: the (observation, action) pairs of earlier steps, oldest first; history_len
-    keeps the last that many (None = all).
-    """
-    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
-    first = len(history) - len(shown)
-    lines = [f"You are a household agent in a text world. Your task is to: {task}"]
-    if shown:
-        lines.append(f"You have taken {len(history)} step(s). Your most recent ones, observation then action:")
-        for j, (obs, act) in enumerate(shown, start=first + 1):
-            lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
-    lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
-    lines.append("Admissible actions: " + ", ".join(admissible))
-    lines.append(answer_format("go to countertop 1"))
-    return [{"role": "user", "content": "\n".join(lines)}]
+    """The policy's chat context for one ALFWorld step (envs.step_prompt): history is the
+    (observation, action) pairs of earlier steps, oldest first; history_len keeps the last
+    that many (None = all)."""
+    intro = f"You are a household agent in a text world. Your task is to: {task}"
+    return step_prompt(intro, history, observation, "Admissible actions", admissible, "go to countertop 1", history_len)
 
 
 # ----------------------------------------------------------------------------- batched env
@@ -226,14 +215,11 @@ class AlfWorldEnv:
         return out
 
     def step(self, responses: list[str | None]) -> list[EnvStep | None]:
-        if len(responses) != len(self._episodes):
-            raise ValueError(f"step got {len(responses)} responses for {len(self._episodes)} episodes")
+        check_responses(responses, [ep["state"].done for ep in self._episodes])
         out: list[EnvStep | None] = []
         for ep, text in zip(self._episodes, responses):
             prev: EnvStep = ep["state"]
             if prev.done:
-                if text is not None:
-                    raise ValueError("step got a response for an episode that is already done (pass None)")
                 out.append(None)
                 continue
             action, why = parse_action(text or "", prev.admissible)

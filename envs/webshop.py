@@ -35,10 +35,11 @@ import json
 import os
 import random
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, answer_format, extract_action
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
 SPLITS = ("train", "test")
@@ -404,8 +405,6 @@ class WebShopEnv:
 
     # -- episodes
     def reset(self, task_ids: list[str]) -> list[EnvStep]:
-        import time
-
         t0 = time.perf_counter()
         self._episodes = [dict(task_id=t, goal=self.goal(t), page=Page(), steps=0) for t in task_ids]
         out = [self._state(ep, 0.0, False, False, None, {}) for ep in self._episodes]
@@ -414,15 +413,10 @@ class WebShopEnv:
         return out
 
     def step(self, responses: list[str | None]) -> list[EnvStep | None]:
-        import time
-
-        if len(responses) != len(self._episodes):
-            raise ValueError(f"step got {len(responses)} responses for {len(self._episodes)} episodes")
+        check_responses(responses, [ep.get("done", False) for ep in self._episodes])
         out: list[EnvStep | None] = []
         for ep, text in zip(self._episodes, responses):
             if ep.get("done"):
-                if text is not None:
-                    raise ValueError("step got a response for an episode that is already done (pass None)")
                 out.append(None)
                 continue
             action, why = parse_action(text or "", ep["clickables"], ep["search_bar"])
@@ -463,15 +457,7 @@ class WebShopEnv:
 def build_messages(
     task: str, history: list[tuple[str, str]], observation: str, admissible: list[str], history_len: int | None
 ) -> list[dict]:
-    """The policy's chat context for one WebShop step (one user message)."""
-    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
-    first = len(history) - len(shown)
-    lines = [f"You are shopping on a web store. Your task is to: {task}"]
-    if shown:
-        lines.append(f"You have taken {len(history)} step(s). Your most recent ones, observation then action:")
-        for j, (obs, act) in enumerate(shown, start=first + 1):
-            lines.append(f"[Step {j}] Observation: {obs}\n[Step {j}] Action: {act}")
-    lines.append(f"[Step {len(history) + 1}] Current observation: {observation}")
-    lines.append("Available actions: " + ", ".join(admissible))
-    lines.append(answer_format("click[buy now]"))
-    return [{"role": "user", "content": "\n".join(lines)}]
+    """The policy's chat context for one WebShop step (envs.step_prompt), the available actions
+    listed as upstream agents list them (search[...] on the search page, then click[...] ones)."""
+    intro = f"You are shopping on a web store. Your task is to: {task}"
+    return step_prompt(intro, history, observation, "Available actions", admissible, "click[buy now]", history_len)

@@ -1,0 +1,173 @@
+"""Plots: see credit assignment in a run folder, segment by segment, and its learning curves.
+
+From a train.py run folder (metrics.jsonl, samples.jsonl) this writes:
+  segments.html   every saved sample trajectory, each segment (one response) colored by its
+                  SHARPO multiplier m (red < 1: more blame / less credit than GRPO gives,
+                  blue > 1: more), with its gap g and multiplier beside it and each token's
+                  teacher-student gap delta_t on hover
+  segments.png    the same for the first sample trajectories with hindsight, as a picture
+                  (full color at the largest deviation shown, so that small ones stay visible)
+  curves.png      success, mean reward, invalid-action rate and multiplier spread per iteration
+  per_type.png    success per task type (training rollouts, and evaluation when it ran)
+
+Run: python plots.py runs/alfworld-sharpo-cpu-demo
+"""
+from __future__ import annotations
+
+import html
+import json
+import sys
+from pathlib import Path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        raise SystemExit(f"error: {path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def multiplier_color(m: float, eps: float = 0.2) -> tuple[float, float, float]:
+    """RGB for a multiplier in [1 - eps, 1 + eps]: red below 1, white at 1, blue above."""
+    x = max(-1.0, min(1.0, (m - 1.0) / eps))  # -1 at the lower bound, +1 at the upper
+    if x < 0:
+        return (1.0, 1.0 + 0.65 * x, 1.0 + 0.65 * x)
+    return (1.0 - 0.65 * x, 1.0 - 0.45 * x, 1.0)
+
+
+def _hex(rgb) -> str:
+    return "#" + "".join(f"{int(255 * c):02x}" for c in rgb)
+
+
+def segments_html(samples: list[dict], eps: float) -> str:
+    """An HTML page: one block per sample trajectory, one colored line per segment."""
+    parts = ["<html><head><meta charset='utf-8'><title>SHARPO segments</title><style>",
+             "body{font-family:sans-serif;max-width:1100px;margin:auto} .seg{padding:6px;margin:3px 0;border:1px solid #ccc}",
+             ".meta{font-size:12px;color:#333} .tok:hover{outline:1px solid #000} pre{white-space:pre-wrap;margin:0}",
+             "</style></head><body><h2>Segments colored by the SHARPO multiplier</h2>",
+             f"<p>red: m &lt; 1, white: m = 1, blue: m &gt; 1 (bounds {1 - eps:.2f}..{1 + eps:.2f}). "
+             "Hover a token for its teacher-student gap delta_t.</p>"]
+    for s in samples:
+        parts.append(f"<h3>iteration {s['iteration']}: {html.escape(s['task_id'])}</h3>")
+        parts.append(f"<p class='meta'>type {s['task_type']}, won {s['won']}, reward {s['reward']:+.2f}, "
+                     f"advantage A = {s['advantage']:+.3f}</p>")
+        if s.get("hindsight"):
+            parts.append(f"<pre class='meta'>hindsight: {html.escape(s['hindsight'])}</pre>")
+        for k, seg in enumerate(s["segments"], start=1):
+            color = _hex(multiplier_color(seg["multiplier"], eps))
+            tokens = "".join(f"<span class='tok' title='delta {d:+.3f}'>{html.escape(t)}</span>"
+                             for t, d in zip(seg["tokens"], seg["token_delta"]))
+            parts.append(f"<div class='seg' style='background:{color}'><div class='meta'>step {k}: "
+                         f"gap g = {seg['gap']:+.4f}, multiplier m = {seg['multiplier']:.4f}, "
+                         f"action {html.escape(str(seg['action']))}, step reward {seg['reward']:+.1f}</div>"
+                         f"<pre>{tokens}</pre></div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: int = 2) -> None:
+    """A picture of the first trajectories: one box per segment, colored by its multiplier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = [s for s in samples if s.get("hindsight")][:max_trajectories] or samples[:max_trajectories]
+    lines = sum(len(s["segments"]) + 1 for s in chosen)
+    # color scale: the largest deviation shown (at least 0.01), so small multipliers stay visible
+    scale = max([abs(seg["multiplier"] - 1) for s in chosen for seg in s["segments"]] + [0.01])
+    fig, ax = plt.subplots(figsize=(12, 0.45 * lines + 0.8))
+    ax.set_axis_off()
+    y = lines
+    for s in chosen:
+        ax.text(0, y, f"{s['task_id'].split('/')[1][:60]}  won={s['won']}  R={s['reward']:+.1f}  A={s['advantage']:+.2f}",
+                fontsize=9, weight="bold", va="center")
+        y -= 1
+        for k, seg in enumerate(s["segments"], start=1):
+            color = multiplier_color(seg["multiplier"], scale)
+            ax.text(0.01, y, f"step {k}  m={seg['multiplier']:.3f}  g={seg['gap']:+.3f}  | {seg['action'] or '(invalid)'}",
+                    fontsize=9, va="center", family="monospace",
+                    bbox=dict(boxstyle="round,pad=0.3", facecolor=color, edgecolor="#888"))
+            y -= 1
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, lines + 1)
+    ax.set_title(f"segments colored by the SHARPO multiplier m: red < 1 < blue, full color at 1 ± {scale:.3f} "
+                 f"(the bounds are 1 ± {eps})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves_png(metrics: list[dict], path: Path) -> None:
+    """Success, mean reward, invalid rate and multiplier spread per iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [m["iteration"] for m in metrics]
+    panels = [("success", "success (rollouts)"), ("mean_reward", "mean reward R"), ("invalid_rate", "invalid-action rate"),
+              ("mult_std", "multiplier std over segments")]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    for ax, (key, title) in zip(axes, panels):
+        ax.plot(its, [m.get(key, float("nan")) for m in metrics], marker="o")
+        if key == "success" and any("eval/success" in m for m in metrics):
+            ev = [(m["iteration"], m["eval/success"]) for m in metrics if "eval/success" in m]
+            ax.plot(*zip(*ev), marker="s", label="eval (greedy)")
+            ax.legend(fontsize=8)
+        if key in ("success", "invalid_rate"):
+            ax.set_ylim(-0.03, 1.03)  # shares
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def per_type_png(metrics: list[dict], path: Path) -> None:
+    """Success per task type over the whole run (rollouts) and at the last evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    types = sorted({k.rsplit("success/", 1)[1] for m in metrics for k in m if k.startswith(("success/", "eval/success/"))})
+    roll = [sum(m.get(f"success/{t}", 0) for m in metrics if f"success/{t}" in m) /
+            max(1, sum(f"success/{t}" in m for m in metrics)) for t in types]
+    evals = [m for m in metrics if "eval/success" in m]
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    xs = range(len(types))
+    ax.bar([x - 0.2 for x in xs], roll, width=0.4, label="rollouts (mean over iterations)")
+    if evals:
+        last = evals[-1]
+        ax.bar([x + 0.2 for x in xs], [last.get(f"eval/success/{t}", 0) for t in types], width=0.4, label="last evaluation")
+    for container in ax.containers:
+        ax.bar_label(container, fmt="%.2f", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([t.replace("_", " ") for t in types], rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("success")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def make_plots(run_dir: str | Path) -> dict[str, Path]:
+    """Write the four files into the run folder; returns their paths."""
+    run = Path(run_dir)
+    metrics, samples = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl")
+    eps = json.loads((run / "config.json").read_text()).get("mult_eps", 0.2) if (run / "config.json").exists() else 0.2
+    out = {name: run / name for name in ("segments.html", "segments.png", "curves.png", "per_type.png")}
+    out["segments.html"].write_text(segments_html(samples, eps))
+    segments_png(samples, eps, out["segments.png"])
+    curves_png(metrics, out["curves.png"])
+    per_type_png(metrics, out["per_type.png"])
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python plots.py RUN_DIR")
+    for name, p in make_plots(sys.argv[1]).items():
+        print(f"wrote {p}")
