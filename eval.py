@@ -1,7 +1,7 @@
 """Evaluation: success rates on held-out games, overall and per task type.
 
 Policies: `expert` follows the env's expert (an upper bound), `random` picks uniformly among
-the admissible actions (a lower bound), `model` is the LLM policy (base model, or a trained
+the admissible actions (a lower bound; a WebShop search uses three random words of the task), `model` is the LLM policy (base model, or a trained
 LoRA adapter with --checkpoint), greedy unless --temperature > 0.
 Games: --num-games chosen round-robin over task types (sorted within each type), so a small
 N still covers every type.
@@ -65,13 +65,21 @@ class ExpertPolicy:
 
 
 class RandomPolicy:
-    """Picks uniformly among the admissible actions."""
+    """Picks uniformly among the admissible actions; a free-text slot (WebShop's
+    search[<your query>]) gets three words drawn from the task text."""
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
     def act(self, contexts, states):
-        return [([], [], format_answer(self.rng.choice(s.admissible), "random choice")) for s in states]
+        out = []
+        for s in states:
+            action = self.rng.choice(s.admissible)
+            if "<your query>" in action:
+                words = s.task.split()
+                action = action.replace("<your query>", " ".join(self.rng.choice(words) for _ in range(3)))
+            out.append(([], [], format_answer(action, "random choice")))
+        return out
 
 
 # ----------------------------------------------------------------------------- games and metrics

@@ -34,6 +34,12 @@ def multiplier_color(m: float, eps: float = 0.2) -> tuple[float, float, float]:
     return (1.0 - 0.65 * x, 1.0 - 0.45 * x, 1.0)
 
 
+def short_task(task_id: str) -> str:
+    """ALFWorld ids are split/task-folder/trial: show the task folder; other ids as they are."""
+    parts = task_id.split("/")
+    return parts[1] if len(parts) == 3 else task_id
+
+
 def _hex(rgb) -> str:
     return "#" + "".join(f"{int(255 * c):02x}" for c in rgb)
 
@@ -79,7 +85,7 @@ def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: 
     ax.set_axis_off()
     y = lines
     for s in chosen:
-        ax.text(0, y, f"{s['task_id'].split('/')[1][:60]}  won={s['won']}  R={s['reward']:+.1f}  A={s['advantage']:+.2f}",
+        ax.text(0, y, f"{short_task(s['task_id'])[:60]}  won={s['won']}  R={s['reward']:+.1f}  A={s['advantage']:+.2f}",
                 fontsize=9, weight="bold", va="center")
         y -= 1
         for k, seg in enumerate(s["segments"], start=1):

@@ -30,7 +30,7 @@ def test_multiplier_colors():
     r, g, b = multiplier_color(0.8, 0.2)
     assert r == 1.0 and g < 0.5 and b < 0.5
     r, g, b = multiplier_color(1.5, 0.2)
-    assert b == 1.0 and r < 0.5 and multiplier_color(1.5, 0.2) == multiplier_color(1.2, 0.2)
+    assert b == 1.0 and r < 0.5 and multiplier_color(1.5, 0.2) == pytest.approx(multiplier_color(1.2, 0.2))
 
 
 def test_missing_run_folder_says_what_to_pass(tmp_path):
