@@ -20,7 +20,6 @@ Run: python eval.py --env alfworld --policy expert --split valid_seen --num-game
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys

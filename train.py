@@ -22,8 +22,6 @@ Run: python train.py --env alfworld            (the CPU demo preset when no GPU 
 from __future__ import annotations
 
 import json
-import math
-import os
 import random
 import resource
 import shutil

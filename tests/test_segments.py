@@ -8,7 +8,6 @@ from segments import (
     build_row,
     build_teacher_row,
     collate_rows,
-    generation_prompt_ids,
     response_segment_ids,
     segment_means,
 )

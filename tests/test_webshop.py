@@ -5,7 +5,6 @@ import pytest
 
 import train
 from envs.webshop import (
-    Page,
     SearchEngine,
     WebShopEnv,
     attribute_matches,
