@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envs import make_env
+from envs import history_length, make_env
 
 
 @dataclass
@@ -146,26 +146,15 @@ def print_table(metrics: dict, title: str) -> None:
             print(f"  {k:20s} {metrics[k]:.3f}")
 
 
-def parse_history(value: str) -> int | None:
-    """'all' -> None (the whole episode so far); else a non-negative integer."""
-    if value == "all":
-        return None
-    if not value.isdigit():
-        raise SystemExit(f"--history must be a non-negative integer or 'all'; got {value!r}")
-    return int(value)
-
-
 def main(argv: list[str] | None = None) -> dict:
     from cli import parse_dataclass
 
     args = parse_dataclass(EvalArgs, argv, description=__doc__)
     if args.policy not in ("expert", "random", "model"):
         raise SystemExit(f"--policy must be expert, random or model; got {args.policy!r}")
-    env_kwargs = {"data_dir": args.data_dir}
-    if args.max_steps > 0:
-        env_kwargs["max_steps"] = args.max_steps
     try:
-        env = make_env(args.env, **env_kwargs)
+        history_len = history_length(args.history)
+        env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
         split = args.split or env.default_eval_split
         task_ids = pick_games(env, split, args.num_games)
     except (FileNotFoundError, ValueError) as err:
@@ -177,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         policy = load_model_policy(args)
     t0 = time.perf_counter()
-    metrics, _ = evaluate(env, policy, task_ids, parse_history(args.history), args.batch_size)
+    metrics, _ = evaluate(env, policy, task_ids, history_len, args.batch_size)
     metrics["wall_seconds"] = time.perf_counter() - t0
     metrics["config"] = {**asdict(args), "split": split}
     env.close()

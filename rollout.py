@@ -245,6 +245,12 @@ def load_policy(
     return model, tokenizer
 
 
+def save_adapter(model, path: str | os.PathLike) -> None:
+    """The LoRA adapter in safetensors, without the model-card stub peft writes beside it."""
+    model.save_pretrained(path, safe_serialization=True)
+    (Path(path) / "README.md").unlink(missing_ok=True)
+
+
 # ----------------------------------------------------------------------------- log-probs
 def response_logprobs(
     model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
@@ -252,9 +258,10 @@ def response_logprobs(
     """log pi(x_t | x_<t) of every response token, response-aligned: (B, T), 0 on padding.
 
     batch: collate_rows output on the model's device. temperature: the one the tokens were
-    sampled at (logits / T, as verl does), so the log-probs are those of the sampling policy. The decoder runs once over the rows;
-    the output head and log-softmax run only on the hidden states that predict response
-    tokens, T-chunk by T-chunk, so at most `max_logit_elems` float32 logits exist at a time.
+    sampled at (logits / T, as verl does), so the log-probs are those of the sampling policy.
+    The decoder runs once over the rows; the output head and log-softmax run only on the
+    hidden states that predict response tokens, T-chunk by T-chunk, so at most
+    `max_logit_elems` float32 logits exist at a time.
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
     start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from advantage import grpo_advantages, policy_loss, segment_multipliers, sharpo_token_advantages
+from envs import history_length
 from segments import (
     Row,
     Trajectory,
@@ -147,8 +148,10 @@ def check_args(args: TrainArgs) -> None:
         problems.append("--lam must be in [0, 1]")
     if not 0 < args.mult_eps < 1:
         problems.append("--mult-eps must be in (0, 1)")
-    if args.history != "all" and not args.history.isdigit():
-        problems.append("--history must be a non-negative integer or 'all'")
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
     if args.temperature <= 0:
         problems.append("--temperature must be > 0 for training (sampling from the policy)")
     for name in ("iterations", "groups", "group_size", "max_new_tokens", "minibatches",
@@ -229,11 +232,12 @@ class Trainer:
             )
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = tokenizer.pad_token_id
-        self.env = env or make_env(args.env, **env_kwargs(args))
+        self.history_len = history_length(args.history)
+        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
         self.eval_env = None
         self.tasks = self._training_tasks()
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+        self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA weights
+        self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.iteration_done = 0
         if ckpt:
             self._load(ckpt)
@@ -287,8 +291,7 @@ class Trainer:
         task_ids = [task for task in chosen for _ in range(args.group_size)]
         group_ids = [g for g in range(args.groups) for _ in range(args.group_size)]
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
-        history_len = None if args.history == "all" else int(args.history)
-        trajs = play_episodes(self.env, task_ids, policy, history_len, group_ids, desc=f"iter {it} rollout")
+        trajs = play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout")
         return trajs, policy
 
     # 2. segments: one row per step for the student; the teacher's row where there is hindsight
@@ -365,6 +368,7 @@ class Trainer:
         device = self.model.get_input_embeddings().weight.device
         B = len(rows)
         sums, steps_taken, skipped = defaultdict(float), 0, 0
+        sdar_mask = has_hindsight[:, None] & trained  # (B, T) trained tokens of rows with hindsight
         order_rng = torch.Generator().manual_seed(args.seed * 100003 + self.iteration_done)
         bar = tqdm(total=args.ppo_epochs * args.minibatches, desc=f"iter {self.iteration_done + 1} update", leave=False)
         for _ in range(args.ppo_epochs):
@@ -374,8 +378,7 @@ class Trainer:
                 if not idx:
                     continue
                 n_tokens = int(trained[idx].sum())  # the minibatch's trained tokens: the token-mean denominator
-                sdar_rows = has_hindsight[idx][:, None] & trained[idx]
-                n_sdar = int(sdar_rows.sum())
+                n_sdar = int(sdar_mask[idx].sum())  # the SDAR term's own denominator
                 self.optimizer.zero_grad(set_to_none=True)
                 finite, mb_stats = True, defaultdict(float)
                 for s in range(0, len(idx), args.micro_batch_rows):
@@ -387,7 +390,7 @@ class Trainer:
                     loss, stats = policy_loss(
                         logp_new, sel(logp_old), sel(token_adv), sel(trained), num_tokens=n_tokens,
                         ppo_clip=args.ppo_clip, logp_ref=sel(logp_ref), kl_coef=args.kl_coef,
-                        logp_teacher=sel(logp_teacher), sdar_mask=sel(has_hindsight[:, None] & trained),
+                        logp_teacher=sel(logp_teacher), sdar_mask=sel(sdar_mask),
                         num_sdar_tokens=n_sdar, sdar_coef=settings["sdar_coef"], sdar_beta=args.sdar_beta,
                     )
                     if not torch.isfinite(loss):
@@ -397,8 +400,7 @@ class Trainer:
                     for k, v in stats.items():
                         mb_stats[k] += float(v)  # each is already divided by the minibatch count: sums add up
                 if finite:
-                    params = [p for p in self.model.parameters() if p.requires_grad]
-                    norm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+                    norm = torch.nn.utils.clip_grad_norm_(self.params, args.grad_clip)
                     if torch.isfinite(norm):
                         self.optimizer.step()
                         steps_taken += 1
@@ -426,13 +428,12 @@ class Trainer:
 
         args = self.args
         if self.eval_env is None:
-            self.eval_env = make_env(args.env, **env_kwargs(args))
+            self.eval_env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
         split = args.eval_split or self.eval_env.default_eval_split
         games = pick_games(self.eval_env, split, args.eval_games)
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, temperature=0.0)
-        history_len = None if args.history == "all" else int(args.history)
         with torch.random.fork_rng(devices=[]):  # evaluation leaves the training RNG where it was
-            metrics, _ = evaluate(self.eval_env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
+            metrics, _ = evaluate(self.eval_env, policy, games, self.history_len, batch_size=max(len(games), 1), desc="eval")
         return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
 
     # -- checkpoints
@@ -442,8 +443,9 @@ class Trainer:
         final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "adapter", safe_serialization=True)
-        (tmp / "adapter" / "README.md").unlink(missing_ok=True)  # peft's model-card stub: nothing of ours in it
+        from rollout import save_adapter
+
+        save_adapter(self.model, tmp / "adapter")
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "tasks": self.rng.getstate()}
         if torch.cuda.is_available():
@@ -473,11 +475,6 @@ class Trainer:
         self.env.close()
         if self.eval_env is not None:
             self.eval_env.close()
-
-
-def env_kwargs(args: TrainArgs) -> dict:
-    """The env's constructor arguments: its data folder, and max_steps unless left to its default."""
-    return {"data_dir": args.data_dir, **({"max_steps": args.max_steps} if args.max_steps > 0 else {})}
 
 
 def find_checkpoint(path: str) -> Path:

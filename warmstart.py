@@ -74,16 +74,15 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm.auto import tqdm
 
     from cli import parse_dataclass
-    from envs import make_env
-    from rollout import load_policy, response_logprobs
+    from envs import history_length, make_env
+    from rollout import load_policy, response_logprobs, save_adapter
 
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
     env = make_env(args.env, data_dir=args.data_dir)
-    history_len = None if args.history == "all" else int(args.history)
-    rows = expert_rows(env, tokenizer, args.split, history_len)
+    rows = expert_rows(env, tokenizer, args.split, history_length(args.history))
     env.close()
     print(f"{len(rows)} expert rows, mean length {sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
@@ -104,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             total, count = total + loss.item() * int(n), count + int(n)
         print(f"epoch {epoch + 1}: NLL per response token {total / count:.3f} ({time.perf_counter() - t0:.0f}s)")
     out = Path(args.out)
-    model.save_pretrained(out, safe_serialization=True)
-    (out / "README.md").unlink(missing_ok=True)  # peft's model-card stub: nothing of ours in it
+    save_adapter(model, out)
     (out / "warmstart_config.json").write_text(json.dumps(asdict(args), indent=1))
     print(f"wrote {out}")
 

@@ -109,8 +109,21 @@ def extract_action(text: str) -> tuple[str | None, str]:
     return action, ""
 
 
-def make_env(name: str, **kwargs):
-    """Build an env by name; env packages are imported only when asked for."""
+def history_length(value: str) -> int | None:
+    """The --history flag: 'all' -> None (the whole episode so far); else a non-negative integer."""
+    if value == "all":
+        return None
+    if not value.isdigit():
+        raise ValueError(f"--history must be a non-negative integer or 'all'; got {value!r}")
+    return int(value)
+
+
+def make_env(name: str, data_dir=None, max_steps: int = 0, **kwargs):
+    """Build an env by name (max_steps 0 = the env's own default); env packages are imported
+    only when asked for."""
+    kwargs["data_dir"] = data_dir
+    if max_steps > 0:
+        kwargs["max_steps"] = max_steps
     if name == "alfworld":
         from envs.alfworld import AlfWorldEnv
 

@@ -31,6 +31,7 @@ than 2,000 goals (the shipped catalog) -- and the rest `train`.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -153,12 +154,17 @@ def split_goals(goals: list[dict]) -> dict[str, list[int]]:
 
 
 # ----------------------------------------------------------------------------- search
-def analyze(text: str) -> list[str]:
-    """Lucene-like English analysis: lowercase, drop possessive 's, word tokens, stopwords, Porter stems."""
+@functools.cache
+def _porter():
     import Stemmer
 
+    return Stemmer.Stemmer("porter")  # built once, not on every document and query
+
+
+def analyze(text: str) -> list[str]:
+    """Lucene-like English analysis: lowercase, drop possessive 's, word tokens, stopwords, Porter stems."""
     words = [w for w in _WORD.findall(text.lower().replace("'s", "")) if w not in LUCENE_STOPWORDS]
-    return Stemmer.Stemmer("porter").stemWords(words)
+    return _porter().stemWords(words)
 
 
 class SearchEngine:
