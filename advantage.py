@@ -1,6 +1,6 @@
 """Advantage: GRPO group advantage times SHARPO's bounded segment multiplier, and the policy loss.
 
-Equations (SHARPO.md; the numbers are its sections):
+Equations (METHOD.md; the numbers are its sections):
   (1) A_i    = (R_i - mean_{j in group} R_j) / (std_{j in group} R_j + eps_adv)     std unbiased
   (3) delta_t = logp_teacher_t - logp_student_t                                      detached
       g_{i,k} = mean_{t in a_k} delta_t                                              segment gap
@@ -17,7 +17,7 @@ Shapes: N trajectories, B training rows (one per step; row b carries its traject
 T response-token positions, S segments per row.
 
 Deviations from the paper: the paper's text is not available (abstract only). The forms
-above follow SHARPO.md, which builds them from RLSD / StepOPSD / SDAR / OPSD. A one-member
+above follow METHOD.md, which builds them from RLSD / StepOPSD / SDAR / OPSD. A one-member
 group gets A = 0 (verl returns its raw reward); a group whose rewards are all equal gets
 exactly 0 (checked with max == min, not left to floating-point rounding).
 """
@@ -32,7 +32,7 @@ from segments import segment_means
 def grpo_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6, norm_by_std: bool = True
 ) -> torch.Tensor:
-    """Group-relative advantage A_i of each trajectory (SHARPO.md section 1).
+    """Group-relative advantage A_i of each trajectory (METHOD.md section 1).
 
     rewards (N,) float, group_ids (N,) long (any labels). Returns (N,) in rewards' dtype.
     norm_by_std=False gives R_i - mean (Dr. GRPO style). One-member groups and groups with
@@ -83,7 +83,7 @@ def segment_multipliers(
     gap_mask: torch.Tensor | None = None,
     num_segments: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-segment gap g_{i,k} and bounded multiplier m_{i,k} (SHARPO.md sections 3-4).
+    """Per-segment gap g_{i,k} and bounded multiplier m_{i,k} (METHOD.md sections 3-4).
 
     adv (B,), logp_teacher / logp_student / segment_ids (B, T). gap_mask (B, T) bool, optional:
     True = the token counts towards the gap (e.g. only tokens inside <action>...</action>);
@@ -97,6 +97,33 @@ def segment_multipliers(
     return gaps, _bounded_multiplier(z, clip_eps, shape)  # (B, S), (B, S) m_{i,k}
 
 
+def token_multipliers(
+    adv: torch.Tensor,
+    logp_teacher: torch.Tensor,
+    logp_student: torch.Tensor,
+    segment_ids: torch.Tensor,
+    clip_eps: float = 0.2,
+    granularity: str = "segment",
+    shape: str = "exp",
+    gap_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The multiplier each token's advantage is scaled by (before the lam mixing): (B, T).
+
+    granularity="segment" (SHARPO, StepOPSD): m_{i,k(t)}, shared by every token of a segment;
+    "token" (RLSD): m_{i,t} = clip(f(sign(A_i) * delta_t)). 1 outside segments.
+    """
+    in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
+    if granularity == "segment":
+        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, shape, gap_mask)
+        token_mult = mult.gather(1, segment_ids.clamp(min=0))  # (B, T) m_{i,k(t)}: each token gets its segment's
+    elif granularity == "token":
+        delta = (logp_teacher - logp_student).detach()  # (B, T)
+        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, clip_eps, shape)  # (B, T) m_{i,t}
+    else:
+        raise ValueError(f"granularity must be 'segment' or 'token'; got {granularity!r}")
+    return torch.where(in_segment, token_mult, torch.ones_like(token_mult))  # (B, T)
+
+
 def sharpo_token_advantages(
     adv: torch.Tensor,
     logp_teacher: torch.Tensor,
@@ -108,7 +135,7 @@ def sharpo_token_advantages(
     shape: str = "exp",
     gap_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Token advantage Ahat_{i,t} = A_i * ((1 - lam) + lam * m) (SHARPO.md section 4).
+    """Token advantage Ahat_{i,t} = A_i * ((1 - lam) + lam * m) (METHOD.md section 4).
 
     adv (B,) each row's trajectory advantage A_i; logp_teacher, logp_student, segment_ids
     (B, T) over response tokens (segment id -1 = not a trained token). clip_eps is the
@@ -118,14 +145,7 @@ def sharpo_token_advantages(
     """
     _check_mixing(lam, clip_eps)
     in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
-    if granularity == "segment":
-        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, shape, gap_mask)
-        token_mult = mult.gather(1, segment_ids.clamp(min=0))  # (B, T) m_{i,k(t)}: each token gets its segment's
-    elif granularity == "token":
-        delta = (logp_teacher - logp_student).detach()  # (B, T)
-        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, clip_eps, shape)  # (B, T) m_{i,t}
-    else:
-        raise ValueError(f"granularity must be 'segment' or 'token'; got {granularity!r}")
+    token_mult = token_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, granularity, shape, gap_mask)
     token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat
     return torch.where(in_segment, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 outside segments
 
@@ -146,7 +166,7 @@ def policy_loss(
     sdar_coef: float = 0.0,
     sdar_beta: float = 5.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip with token advantages, optional k3 KL and SDAR term (SHARPO.md section 5).
+    """PPO-clip with token advantages, optional k3 KL and SDAR term (METHOD.md section 5).
 
     All tensors (B, T) over response tokens. loss_mask (B, T) bool: True = a trained token.
     Aggregation is token-mean over the whole minibatch: each term is a sum over this

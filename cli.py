@@ -1,17 +1,53 @@
 """Command line from a config dataclass: one flag per field, its help from the field's comment.
 
 `field_name: type = default  # help text` becomes `--field-name` with that help; booleans get
-`--flag / --no-flag`; `X | None` fields take X (or stay None when not given).
+`--flag / --no-flag`; `Literal[...]` fields accept only their listed values; `X | None` fields
+take X, or `none` for None. Built on the standard library's argparse (no other dependency);
+this file only reads the dataclass.
+
+User errors (a bad flag value, missing or corrupt data, a bad checkpoint) are `UserError`s:
+`run(main)` prints them as one line and exits with code 2, no traceback. Programming errors
+are not caught and keep their traceback.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import inspect
+import math
 import re
+import sys
 import typing
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
+
+
+class UserError(Exception):
+    """Something the user can fix (a flag, a file, a folder): shown as one line, exit code 2."""
+
+
+class DataError(UserError, ValueError):
+    """Missing or malformed env data; the message names the file, the entry and the field."""
+
+
+def run(main) -> None:
+    """Entry point of a script: user errors become one line on stderr and exit code 2."""
+    try:
+        result = main()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted: a run folder keeps its last checkpoint; continue with --resume RUN_DIR", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(0 if result is None or result else 1)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (the usage of 50 flags would bury it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def field_help(cls) -> dict[str, str]:
@@ -24,25 +60,65 @@ def field_help(cls) -> dict[str, str]:
     return helps
 
 
-def build_parser(cls, description: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    helps = field_help(cls)
-    hints = typing.get_type_hints(cls)
+def _optional(kind):
+    """A converter for `X | None` fields: 'none' (any case) means None, anything else is an X."""
+
+    def convert(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    convert.__name__ = kind.__name__  # argparse names the type in its error messages
+    return convert
+
+
+def build_parser(cls, description: str | None = None, defaults: dict | None = None, suppress: bool = False):
+    """A parser for `cls`. defaults: overrides of the dataclass defaults (shown in --help).
+    suppress: flags not given are left out of the result (to learn which flags were given)."""
+    parser = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     argument_default=argparse.SUPPRESS if suppress else None)
+    helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
-        args = typing.get_args(kind)
-        if args and type(None) in args:  # X | None
-            kind = next(a for a in args if a is not type(None))
-        help_text = f"{helps.get(f.name, '')} (default: {f.default})"
+        optional = type(None) in typing.get_args(kind)
+        if optional:  # X | None
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        default = defaults.get(f.name, f.default)
+        kw = {} if suppress else {"default": default}
+        help_text = f"{helps.get(f.name, '')} (default: {default})"
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text, **kw)
+        elif typing.get_origin(kind) is typing.Literal:
+            choices = list(typing.get_args(kind))
+            parser.add_argument(flag, choices=choices, help=help_text, metavar="{" + ",".join(choices) + "}", **kw)
         else:
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text, metavar=f.name.upper())
+            parser.add_argument(flag, type=_optional(kind) if optional else kind, help=help_text,
+                                metavar=f.name.upper(), **kw)
     return parser
 
 
-def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None):
+def given_flags(cls, argv: list[str]) -> dict:
+    """The fields the command line sets explicitly, with their values (nothing else)."""
+    return vars(build_parser(cls, suppress=True).parse_known_args(argv)[0])
+
+
+def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None, defaults: dict | None = None):
     """Parse argv (default: sys.argv[1:]) into an instance of the dataclass `cls`."""
-    ns = build_parser(cls, description).parse_args(argv)
+    ns = build_parser(cls, description, defaults).parse_args(argv)
     return cls(**vars(ns))
+
+
+def check_domains(args, positive: tuple = (), non_negative: tuple = (), finite: tuple = ()) -> list[str]:
+    """Problems with numeric flags, one string each, naming the flag."""
+    problems = []
+    for name in positive + non_negative + finite:
+        value = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{flag} must be a finite number; got {value}")
+        elif name in positive and not value > 0:
+            problems.append(f"{flag} must be > 0; got {value}")
+        elif name in non_negative and not value >= 0:
+            problems.append(f"{flag} must be >= 0; got {value}")
+    return problems

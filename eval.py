@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
+from cli import UserError
 from envs import history_length, make_env
 
 
@@ -35,20 +36,20 @@ from envs import history_length, make_env
 class EvalArgs:
     """Command-line flags of eval.py."""
 
-    env: str = "alfworld"  # which environment: alfworld | webshop
-    policy: str = "expert"  # expert | random | model
+    env: Literal["alfworld", "webshop"] = "alfworld"  # which environment
+    policy: Literal["expert", "random", "model"] = "expert"  # who plays
     split: str | None = None  # split; default: the env's eval split (ALFWorld: valid_unseen, WebShop: test)
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     num_games: int = 0  # games to play, round-robin over task types; 0 = the whole split
     max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     batch_size: int = 16  # episodes played in one batch
-    model: str | None = None  # model for --policy model; default: the checkpoint's, else per device
-    checkpoint: str | None = None  # a train.py checkpoint folder (its LoRA adapter is loaded)
+    model: str | None = None  # model for --policy model without --checkpoint; default per device
+    checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
     temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
     max_new_tokens: int = 256  # response length limit for --policy model
     seed: int = 0  # seed for the random policy and sampling
-    out: str | None = None  # JSON output path; default: eval_<env>_<policy>_<split>.json (or in the checkpoint)
+    out: str | None = None  # JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder
 
 
 # ----------------------------------------------------------------------------- baseline policies
@@ -146,61 +147,88 @@ def print_table(metrics: dict, title: str) -> None:
             print(f"  {k:20s} {metrics[k]:.3f}")
 
 
+def check_args(args: EvalArgs) -> None:
+    """Reject bad flags before anything loads, naming the flag."""
+    from cli import check_domains
+
+    problems = check_domains(args, positive=("batch_size", "max_new_tokens"),
+                             non_negative=("num_games", "max_steps", "temperature"))
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
+    if args.checkpoint and args.policy != "model":
+        problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add --policy model")
+    if args.checkpoint and args.model:
+        problems.append("--model and --checkpoint: the checkpoint names its own base model; drop --model")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
 def main(argv: list[str] | None = None) -> dict:
     from cli import parse_dataclass
 
     args = parse_dataclass(EvalArgs, argv, description=__doc__)
-    if args.policy not in ("expert", "random", "model"):
-        raise SystemExit(f"--policy must be expert, random or model; got {args.policy!r}")
+    check_args(args)
+    ckpt = None
+    if args.checkpoint:
+        from checkpoint import find_checkpoint, read_config
+
+        ckpt = find_checkpoint(args.checkpoint)
+        read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
+    history_len = history_length(args.history)
     try:
-        history_len = history_length(args.history)
         env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
         split = args.split or env.default_eval_split
         task_ids = pick_games(env, split, args.num_games)
     except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"error: {err}")
+        raise UserError(str(err)) from None
     if args.policy == "expert":
         policy = ExpertPolicy()
     elif args.policy == "random":
         policy = RandomPolicy(args.seed)
     else:
-        policy = load_model_policy(args)
+        policy = load_model_policy(args, ckpt)
     t0 = time.perf_counter()
     metrics, _ = evaluate(env, policy, task_ids, history_len, args.batch_size)
     metrics["wall_seconds"] = time.perf_counter() - t0
-    metrics["config"] = {**asdict(args), "split": split}
+    metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
-    print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
-    default_name = default_out_name(args.env, args.policy, split)
-    out = Path(args.out) if args.out else (Path(args.checkpoint) if args.checkpoint else Path(".")) / default_name
+    print_table(metrics, f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else ""))
+    out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(metrics, indent=1))
     print(f"wrote {out}")
     return metrics
 
 
-def default_out_name(env: str, policy: str, split: str) -> str:
-    return f"eval_{env}_{policy}_{split}.json"
+def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
+    """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in its run folder."""
+    if ckpt is None:
+        return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
+    from checkpoint import run_dir_of
+
+    return run_dir_of(ckpt) / f"eval_{env}_{split}_{ckpt.name}.json"
 
 
-def load_model_policy(args: EvalArgs):
-    """The LLM policy for --policy model: base model, or a checkpoint's LoRA adapter."""
+def load_model_policy(args: EvalArgs, ckpt: Path | None):
+    """The LLM policy for --policy model: the base model, or a checkpoint's policy exactly as it
+    was trained (base model, 4-bit or not, warm start and, for `tiny`, its seed, all read from
+    the checkpoint)."""
     import torch
 
+    from checkpoint import load_checkpoint_policy
     from rollout import ModelPolicy, load_policy
 
     torch.manual_seed(args.seed)
-    model_name, adapter, init_adapter = args.model, None, None
-    if args.checkpoint:
-        ckpt = Path(args.checkpoint)
-        if not (ckpt / "adapter" / "adapter_config.json").exists():
-            raise SystemExit(f"error: {ckpt} is not a train.py checkpoint (no adapter/adapter_config.json in it)")
-        saved = json.loads((ckpt / "config.json").read_text())
-        model_name = model_name or saved.get("model")
-        init_adapter = saved.get("init_adapter")  # the warm start the run was trained on top of
-        adapter = ckpt / "adapter"
-    model, tokenizer = load_policy(model_name, adapter=adapter, init_adapter=init_adapter, seed=args.seed)
+    if ckpt is not None:
+        model, tokenizer = load_checkpoint_policy(ckpt)
+    else:
+        model, tokenizer = load_policy(args.model, seed=args.seed)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from cli import run
+
+    run(main)

@@ -19,11 +19,19 @@ import json
 import sys
 from pathlib import Path
 
+from cli import UserError
+
 
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
-        raise SystemExit(f"error: {path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        raise UserError(f"{path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line a killed run left half-written
+    return records
 
 
 def multiplier_color(m: float, eps: float = 0.2) -> tuple[float, float, float]:
@@ -54,7 +62,7 @@ def segments_html(samples: list[dict], eps: float) -> str:
              "Hover a token for its teacher-student gap delta_t.</p>"]
     for s in samples:
         parts.append(f"<h3>iteration {s['iteration']}: {html.escape(s['task_id'])}</h3>")
-        parts.append(f"<p class='meta'>type {s['task_type']}, won {s['won']}, reward {s['reward']:+.2f}, "
+        parts.append(f"<p class='meta'>type {html.escape(str(s['task_type']))}, won {s['won']}, reward {s['reward']:+.2f}, "
                      f"advantage A = {s['advantage']:+.3f}</p>")
         if s.get("hindsight"):
             parts.append(f"<pre class='meta'>hindsight: {html.escape(s['hindsight'])}</pre>")
@@ -172,8 +180,15 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
     return out
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python plots.py RUN_DIR")
-    for name, p in make_plots(sys.argv[1]).items():
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise UserError("usage: python plots.py RUN_DIR")
+    for p in make_plots(argv[0]).values():
         print(f"wrote {p}")
+
+
+if __name__ == "__main__":
+    from cli import run
+
+    run(main)

@@ -2,7 +2,7 @@
 
 At every turn, one batched `generate` over all live episodes (left padding) samples a
 response a_k ~ pi(. | c_k) from the policy itself: temperature 1, top_p 1, top_k 0, no
-repetition penalty (the model's own generation defaults are overridden, SHARPO.md). The
+repetition penalty (the model's own generation defaults are overridden, METHOD.md). The
 env plays every live episode; finished episodes leave the batch. Each step is stored with
 exactly the ids generate was fed (c_k) and sampled (a_k), so training never re-tokenizes.
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from cli import UserError
 from segments import Step, Trajectory, generation_prompt_ids
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
@@ -186,7 +187,7 @@ def load_policy(
     warm start of warmstart.py) merged into the base weights first, so that the base, and
     with it the reference model, is the warm-started policy.
     """
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     name = name or default_model_name()
@@ -225,16 +226,16 @@ def load_policy(
         base.to(device)  # (quantized models were placed by device_map and cannot be moved)
     if init_adapter is not None:
         if load_in_4bit:
-            raise ValueError("--init-adapter merges into full-precision weights; load the model without 4-bit")
+            raise UserError("--init-adapter merges into full-precision weights; load the model without 4-bit")
         announce(f"merging the warm-start adapter {init_adapter} into the base weights")
         with torch.random.fork_rng(devices=[]):  # loading initialises LoRA at random first: keep the RNG
-            base = PeftModel.from_pretrained(base, str(init_adapter)).merge_and_unload()
+            base = _load_adapter(base, init_adapter, name).merge_and_unload()
     if gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         base.config.use_cache = False  # the cache is only used by generate, which turns it back on
     if adapter is not None:
         with torch.random.fork_rng(devices=[]):
-            model = PeftModel.from_pretrained(base, str(adapter), is_trainable=True)
+            model = _load_adapter(base, adapter, name, is_trainable=True)
     else:
         present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
         targets = [t for t in LORA_TARGETS if t in present]
@@ -243,6 +244,19 @@ def load_policy(
             torch.manual_seed(seed)  # LoRA A matrices are initialised at random: make it repeatable
             model = get_peft_model(base, config)
     return model, tokenizer
+
+
+def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
+    """A saved LoRA adapter on `base`; an adapter made for another model is a clear error."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, str(adapter), is_trainable=is_trainable)
+    except RuntimeError as err:
+        if "size mismatch" not in str(err):
+            raise
+        raise UserError(f"the adapter {adapter} was made for another base model than {name!r} "
+                        "(its weight shapes differ); pass the model it was trained on, or --init-adapter none") from None
 
 
 def save_adapter(model, path: str | os.PathLike) -> None:

@@ -53,7 +53,7 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        """R_i: the episode reward (SHARPO.md section 1)."""
+        """R_i: the episode reward (METHOD.md section 1)."""
         return float(sum(s.reward for s in self.steps))
 
     @property
@@ -113,7 +113,7 @@ def build_teacher_row(tokenizer, messages: list[dict], response_ids: list[int], 
 
 
 def sibling_hindsight(trajs: list[Trajectory]) -> list[str | None]:
-    """--hindsight sibling: each trajectory's hindsight text, or None (SHARPO.md section 2).
+    """--hindsight sibling: each trajectory's hindsight text, or None (METHOD.md section 2).
 
     The actions of the shortest successful trajectory of the same group (ties: lowest index),
     never the trajectory itself: the lone success of a group, and every trajectory of a group

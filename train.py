@@ -1,6 +1,6 @@
 """Train: one loop on one GPU (or CPU) that turns episodes into SHARPO updates of a LoRA policy.
 
-Each iteration (SHARPO.md; the numbers are the stages below):
+Each iteration (METHOD.md; the numbers are the stages below):
   1. rollout    G rollouts of each of --groups tasks, one batched generate per turn
   2. segments   one training row per step (context c_k, response a_k = one segment);
                 the hindsight teacher's rows (--hindsight sibling | expert)
@@ -24,16 +24,18 @@ from __future__ import annotations
 import json
 import random
 import resource
-import shutil
 import sys
 import time
+import typing
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from advantage import grpo_advantages, policy_loss, segment_multipliers, sharpo_token_advantages
+from advantage import grpo_advantages, policy_loss, segment_multipliers, sharpo_token_advantages, token_multipliers
+from cli import UserError
 from envs import history_length
 from segments import (
     Row,
@@ -47,36 +49,32 @@ from segments import (
     sibling_hindsight,
 )
 
-ALGOS = ("sharpo", "grpo", "rlsd", "stepopsd", "sdar")
-
-
 @dataclass
 class TrainArgs:
     """Command-line flags of train.py (defaults: the GPU setting; --preset cpu-demo shrinks them)."""
 
-    env: str = "alfworld"  # environment: alfworld | webshop
-    algo: str = "sharpo"  # sharpo | grpo | rlsd | stepopsd | sdar
-    preset: str = "auto"  # auto (cpu-demo without a GPU, else gpu) | gpu | cpu-demo | none
+    env: Literal["alfworld", "webshop"] = "alfworld"  # environment
+    algo: Literal["sharpo", "grpo", "rlsd", "stepopsd", "sdar"] = "sharpo"  # credit assignment (METHOD.md)
+    preset: Literal["auto", "gpu", "cpu-demo", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
-    init_adapter: str | None = None  # a LoRA adapter merged into the base first (warmstart.py output)
+    init_adapter: str | None = None  # a LoRA adapter merged into the base first (warmstart.py output); none = no warm start
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     iterations: int = 100  # training iterations (one rollout batch each)
-    groups: int = 16  # tasks per iteration
+    groups: int = 16  # tasks per iteration (distinct while the split has enough)
     group_size: int = 8  # rollouts per task (G)
     max_steps: int = 0  # env steps per episode; 0 = the env's default (ALFWorld 50, WebShop 15)
     max_new_tokens: int = 256  # response length limit per turn
-    min_new_tokens: int = 0  # force at least this many new tokens per turn (benchmarks only)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     temperature: float = 1.0  # rollout sampling temperature (log-probs use the same)
-    hindsight: str = "sibling"  # teacher's hindsight: sibling (a successful group mate) | expert
+    hindsight: Literal["sibling", "expert"] = "sibling"  # teacher's hindsight: a successful group mate | the env expert
     lam: float = 0.5  # mixing weight of the multiplier: Ahat = A * ((1 - lam) + lam * m)
     mult_eps: float = 0.2  # multiplier bound eps_m: m in [1 - eps_m, 1 + eps_m]
-    gap_tokens: str = "all"  # tokens averaged into the segment gap: all | action (inside <action>)
+    gap_tokens: Literal["all", "action"] = "all"  # tokens averaged into the segment gap: all | inside <action>
     ppo_clip: float = 0.2  # PPO ratio clip
     kl_coef: float = 0.01  # k3 KL to the reference (adapter off); 0 skips the reference pass
     sdar_coef: float = 0.01  # --algo sdar: weight of the gated self-distillation term
@@ -89,15 +87,18 @@ class TrainArgs:
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
     gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
     eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
-    eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen)
+    eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)
     eval_games: int = 32  # games per evaluation
     save_every: int = 1  # checkpoint every N iterations
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
-    output_dir: str | None = None  # where metrics, samples and checkpoints go; default runs/<env>-<algo>[-cpu-demo]
-    resume: str | None = None  # a run folder (or its checkpoint) to continue from
+    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo]; with --resume: that run's
+    resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
     seed: int = 0  # seed for task sampling, generation and LoRA init
+    min_new_tokens: int = 0  # forced response length, for bench.py only: train.py refuses it (off-policy)
 
 
+ALGOS = typing.get_args(typing.get_type_hints(TrainArgs)["algo"])  # ("sharpo", "grpo", ...)
 WARMSTART = Path(__file__).resolve().parent / "data" / "warmstart" / "smollm2-alfworld"
 PRESETS = {
     "gpu": {},
@@ -107,59 +108,118 @@ PRESETS = {
     ),
     "none": {},
 }
-CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's; short games keep episodes to 4 steps
+CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short games keep episodes to 4 steps
     "alfworld": dict(init_adapter=str(WARMSTART), max_plan_len=4, max_steps=4),
     "webshop": dict(max_steps=6),
 }
+# Flags a resumed run may change: they do not change what is learned, only how long, how often
+# it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
+RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
+                     "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "resume", "output_dir", "preset")
+SPLITS = {"alfworld": ("train", "valid_seen", "valid_unseen", "valid_train"), "webshop": ("train", "test")}
 
 
 # ----------------------------------------------------------------------------- config
+def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
+    """(resolved preset name, the defaults it sets for this env)."""
+    if preset == "auto":
+        preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
+    return preset, {**PRESETS[preset], **(CPU_DEMO_PER_ENV.get(env, {}) if preset == "cpu-demo" else {})}
+
+
 def parse_args(argv: list[str] | None = None) -> TrainArgs:
-    """Flags over the preset's defaults over the dataclass's defaults."""
-    from cli import build_parser
+    """Flags over the preset's defaults over the dataclass's defaults; with --resume, the saved
+    run's flags, of which only RESUME_MAY_CHANGE may be changed. Every value is checked here,
+    before anything loads."""
+    from cli import build_parser, given_flags
 
     argv = sys.argv[1:] if argv is None else argv
-    known = build_parser(TrainArgs).parse_known_args(argv)[0]
-    pre = known.preset
-    if pre == "auto":
-        pre = "gpu" if torch.cuda.is_available() else "cpu-demo"
-    if pre not in PRESETS:
-        raise SystemExit(f"--preset must be auto, {', '.join(PRESETS)}; got {pre!r}")
-    parser = build_parser(TrainArgs, __doc__)
-    parser.set_defaults(**PRESETS[pre], **(CPU_DEMO_PER_ENV.get(known.env, {}) if pre == "cpu-demo" else {}))
-    args = TrainArgs(**vars(parser.parse_args(argv)))
-    args.preset = pre
+    given = given_flags(TrainArgs, argv)  # also rejects unknown flags and bad choices, in one line
+    if given.get("resume"):
+        return resume_args(given)
+    preset, defaults = preset_defaults(given.get("preset", "auto"), given.get("env", "alfworld"))
+    args = TrainArgs(**vars(build_parser(TrainArgs, __doc__, defaults).parse_args(argv)))
+    args.preset = preset
+    if "init_adapter" in defaults and "init_adapter" not in given and args.model != defaults.get("model"):
+        args.init_adapter = None  # a preset's warm start is for the preset's model only
+    resolve_defaults(args)
+    check_args(args)
+    return args
+
+
+def resolve_defaults(args: TrainArgs) -> None:
+    """Write the device-dependent defaults into the config, so config.json says what ran."""
+    cuda = torch.cuda.is_available()
+    if args.model is None:
+        from rollout import default_model_name
+
+        args.model = default_model_name()
+    if args.load_in_4bit is None:
+        args.load_in_4bit = cuda and args.model not in ("tiny", "smollm2") and args.init_adapter is None
+    if args.gradient_checkpointing is None:
+        args.gradient_checkpointing = cuda
     if args.output_dir is None:
-        args.output_dir = f"runs/{args.env}-{args.algo}" + ("-cpu-demo" if pre == "cpu-demo" else "")
+        args.output_dir = f"runs/{args.env}-{args.algo}" + ("-cpu-demo" if args.preset == "cpu-demo" else "")
+
+
+def resume_args(given: dict) -> TrainArgs:
+    """The saved run's flags, with the allowed changes; refuse the others, naming the flag."""
+    from checkpoint import find_checkpoint, read_config, run_dir_of
+
+    ckpt = find_checkpoint(given["resume"])
+    run_dir = run_dir_of(ckpt)
+    saved = read_config(ckpt)
+    if "output_dir" in given and Path(given["output_dir"]).resolve() != run_dir.resolve():
+        raise UserError(f"--resume continues {run_dir} in that folder; drop --output-dir (or pass {run_dir})")
+    known = {f.name for f in fields(TrainArgs)}
+    changed = [k for k, v in given.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)
+        raise UserError(f"--resume continues the same experiment; these flags would change it: {flags}. "
+                        "Start a new run (another --output-dir) to change them.")
+    args = TrainArgs(**{**{k: v for k, v in saved.items() if k in known}, **given})
+    args.output_dir, args.resume = str(run_dir), str(ckpt)
     check_args(args)
     return args
 
 
 def check_args(args: TrainArgs) -> None:
-    """Reject bad settings early, saying what to do."""
-    problems = []
-    if args.algo not in ALGOS:
-        problems.append(f"--algo must be one of {', '.join(ALGOS)}")
-    if args.hindsight not in ("sibling", "expert"):
-        problems.append("--hindsight must be sibling or expert")
-    if args.gap_tokens not in ("all", "action"):
-        problems.append("--gap-tokens must be all or action")
+    """Reject bad settings before anything loads, each naming its flag and what to do."""
+    from cli import check_domains
+
+    problems = check_domains(
+        args,
+        positive=("iterations", "groups", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
+                  "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
+                  "temperature", "ppo_clip", "grad_clip", "eval_games"),
+        non_negative=("max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
+                      "eval_every", "samples_per_iter", "min_new_tokens"),
+        finite=("lam", "mult_eps"),
+    )
     if not 0 <= args.lam <= 1:
-        problems.append("--lam must be in [0, 1]")
+        problems.append(f"--lam must be in [0, 1]; got {args.lam}")
     if not 0 < args.mult_eps < 1:
-        problems.append("--mult-eps must be in (0, 1)")
+        problems.append(f"--mult-eps must be in (0, 1); got {args.mult_eps}")
     try:
         history_length(args.history)
     except ValueError as err:
         problems.append(str(err))
-    if args.temperature <= 0:
-        problems.append("--temperature must be > 0 for training (sampling from the policy)")
-    for name in ("iterations", "groups", "group_size", "max_new_tokens", "minibatches",
-                 "ppo_epochs", "micro_batch_rows", "save_every"):
-        if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
+        if split is not None and split not in SPLITS[args.env]:
+            problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
+    if args.min_new_tokens > 0:
+        problems.append("--min-new-tokens is for bench.py only: blocking end-of-turn while sampling makes "
+                        "the PPO ratio off-policy; leave it at 0 for training")
+    if args.init_adapter and args.load_in_4bit:
+        problems.append("--init-adapter merges into full-precision weights: add --no-load-in-4bit")
+    if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:
+        problems.append(f"--init-adapter {args.init_adapter}: no adapter_config.json there (pass a warmstart.py "
+                        "output folder, or none)")
     if problems:
-        raise SystemExit("error: " + "; ".join(problems))
+        raise UserError("; ".join(problems))
+    if args.group_size == 1:
+        print("warning: --group-size 1 gives every trajectory advantage 0 (no group to compare with): "
+              "nothing will be learned", file=sys.stderr)
 
 
 def algo_settings(args: TrainArgs) -> dict:
@@ -174,14 +234,17 @@ def algo_settings(args: TrainArgs) -> dict:
 
 
 # ----------------------------------------------------------------------------- batched log-probs
-def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int) -> torch.Tensor:
+def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
+                  desc: str = "log-probs") -> torch.Tensor:
     """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T)."""
+    from tqdm.auto import tqdm
+
     from rollout import response_logprobs
 
     device = model.get_input_embeddings().weight.device
     out = torch.zeros(len(rows), T)
     with torch.no_grad():
-        for s in range(0, len(rows), micro_batch_rows):
+        for s in tqdm(range(0, len(rows), micro_batch_rows), desc=desc, unit="batch", leave=False):
             batch = {k: v.to(device) for k, v in collate_rows(rows[s : s + micro_batch_rows], pad_id).items()}
             logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
             out[s : s + logp.shape[0], : logp.shape[1]] = logp
@@ -208,12 +271,14 @@ class RowBatch:
     token_adv: torch.Tensor | None = None  # (B, T) Ahat
     gaps: torch.Tensor | None = None  # (B,) segment gap g
     mults: torch.Tensor | None = None  # (B,) segment multiplier m
+    token_mults: torch.Tensor | None = None  # (B, T) the multiplier each token's advantage gets (RLSD: per token)
 
 
 class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
 
     def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None):
+        from checkpoint import find_checkpoint, load_checkpoint_policy, load_optimizer_state, read_iteration, restore_rng
         from envs import make_env
         from rollout import load_policy
 
@@ -221,54 +286,65 @@ class Trainer:
         self.out = Path(args.output_dir)
         self.rng = random.Random(args.seed)  # task sampling
         torch.manual_seed(args.seed)
-        cuda = torch.cuda.is_available()
         ckpt = find_checkpoint(args.resume) if args.resume else None
-        if model is None:
-            grad_ckpt = cuda if args.gradient_checkpointing is None else args.gradient_checkpointing
+        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)  # data checked before the model loads
+        self.eval_env = None
+        self.tasks = self._training_tasks()
+        if model is None and ckpt is not None:  # the policy exactly as saved: base, warm start, adapter
+            model, tokenizer = load_checkpoint_policy(ckpt, gradient_checkpointing=args.gradient_checkpointing)
+        elif model is None:
             model, tokenizer = load_policy(
                 args.model, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
-                adapter=ckpt / "adapter" if ckpt else None, init_adapter=args.init_adapter,
-                gradient_checkpointing=grad_ckpt, seed=args.seed,
+                init_adapter=args.init_adapter, gradient_checkpointing=args.gradient_checkpointing, seed=args.seed,
             )
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.history_len = history_length(args.history)
-        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
-        self.eval_env = None
-        self.tasks = self._training_tasks()
         self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA weights
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.iteration_done = 0
-        if ckpt:
-            self._load(ckpt)
+        self.warmstart = None if ckpt is None else ckpt / "warmstart" if (ckpt / "warmstart").is_dir() else None
+        if ckpt is None and args.init_adapter:
+            self.warmstart = Path(args.init_adapter)
+        if ckpt is not None:  # optimizer, RNG states and iteration; tensors and JSON only
+            self.optimizer.load_state_dict(load_optimizer_state(ckpt))
+            restore_rng(ckpt, self.rng)
+            self.iteration_done = read_iteration(ckpt)
 
     def _training_tasks(self) -> list[str]:
         tasks = self.env.tasks(self.args.split)
         if self.args.max_plan_len > 0:
             tasks = [t for t in tasks if len(self.env.expert_plan(t)) <= self.args.max_plan_len]
             if not tasks:
-                raise SystemExit(f"error: no {self.args.split} task has an expert plan of <= {self.args.max_plan_len} steps")
+                raise UserError(f"no {self.args.split} task has an expert plan of <= {self.args.max_plan_len} steps")
         return tasks
 
     # -- the loop body
     def iteration(self) -> tuple[dict, list[dict]]:
         """One iteration, stage by stage; returns (metrics line, sample trajectories)."""
+        from checkpoint import crash_point
+
         it, t = self.iteration_done + 1, {}
         clock = time.perf_counter()
         trajs, policy = self.rollout(it)  # 1. rollout
         t["rollout"], clock = time.perf_counter() - clock, time.perf_counter()
+        crash_point("rollout")
         batch = self.make_rows(trajs)  # 2. segments
         t["segments"], clock = time.perf_counter() - clock, time.perf_counter()
+        crash_point("segments")
         self.score(batch)  # 3. teacher
         t["teacher"] = time.perf_counter() - clock
+        crash_point("teacher")
         self.advantages(batch)  # 4. advantage
+        crash_point("advantage")
         clock = time.perf_counter()
         update = self.update(batch)  # 5. update
         t["update"] = time.perf_counter() - clock
+        crash_point("update")
         self.iteration_done = it  # 6. log (the caller writes it and checkpoints)
         metrics = {"iteration": it, **rollout_metrics(trajs, batch.group_ids)}
         if self.needs_teacher:
-            metrics.update(multiplier_metrics(batch.gaps, batch.mults, batch.has_hindsight, batch.adv_row, self.args.mult_eps))
+            metrics.update(teacher_metrics(batch, self.args.algo, self.args.mult_eps))
         metrics.update(update)
         metrics["rows"] = len(batch.rows)
         metrics["tokens_generated"] = policy.tokens_generated
@@ -287,12 +363,19 @@ class Trainer:
         from rollout import ModelPolicy, play_episodes
 
         args = self.args
-        chosen = [self.rng.choice(self.tasks) for _ in range(args.groups)]
+        chosen = self.draw_tasks(args.groups)
         task_ids = [task for task in chosen for _ in range(args.group_size)]
         group_ids = [g for g in range(args.groups) for _ in range(args.group_size)]
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
         trajs = play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout")
         return trajs, policy
+
+    def draw_tasks(self, n: int) -> list[str]:
+        """n tasks for one iteration: distinct while the split has enough, then again from a fresh draw."""
+        chosen = []
+        while len(chosen) < n:
+            chosen += self.rng.sample(self.tasks, min(n - len(chosen), len(self.tasks)))
+        return chosen
 
     # 2. segments: one row per step for the student; the teacher's row where there is hindsight
     def make_rows(self, trajs: list[Trajectory]) -> "RowBatch":
@@ -317,7 +400,7 @@ class Trainer:
         )
 
     def _assign_hindsight(self, trajs: list[Trajectory]) -> None:
-        """SHARPO.md section 2: sibling (a successful group mate's actions) or the env expert's plan."""
+        """METHOD.md section 2: sibling (a successful group mate's actions) or the env expert's plan."""
         if self.args.hindsight == "sibling":
             for traj, text in zip(trajs, sibling_hindsight(trajs)):
                 traj.hindsight = text
@@ -329,14 +412,17 @@ class Trainer:
     def score(self, batch: "RowBatch") -> None:
         args, mb, T = self.args, self.args.micro_batch_rows, batch.segment_ids.shape[1]
         self.model.eval()
-        batch.logp_old = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T)  # (B, T)
+        it = self.iteration_done + 1
+        batch.logp_old = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
+                                       desc=f"iter {it} student")  # (B, T)
         batch.logp_teacher = batch.logp_old.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
         if batch.teacher_rows and self.needs_teacher:
             batch.logp_teacher[batch.has_hindsight] = rows_logprobs(
-                self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T)
+                self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T, desc=f"iter {it} teacher")
         if args.kl_coef > 0:
             with self.model.disable_adapter():  # the reference model: base weights, no second copy
-                batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T)  # (B, T)
+                batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
+                                               desc=f"iter {it} reference")  # (B, T)
 
     # 4. advantage: A_i over each group, then the per-token Ahat of --algo
     def advantages(self, batch: "RowBatch") -> None:
@@ -351,6 +437,9 @@ class Trainer:
         gaps, mults = segment_multipliers(batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids,
                                           args.mult_eps, settings["shape"], batch.gap_mask)  # (B, 1): one segment a row
         batch.gaps, batch.mults = gaps[:, 0], mults[:, 0]  # (B,)
+        batch.token_mults = token_multipliers(
+            batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids, args.mult_eps,
+            settings["granularity"], settings["shape"], batch.gap_mask)  # (B, T)
 
     # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
     def update(self, batch: "RowBatch") -> dict:
@@ -438,52 +527,16 @@ class Trainer:
 
     # -- checkpoints
     def save(self) -> Path:
-        """Adapter, optimizer, RNG states, iteration and config, written to a temp folder and
-        renamed into place, so a kill mid-save leaves the previous checkpoint intact."""
-        final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        from rollout import save_adapter
+        """A complete numbered checkpoint, then the `latest` pointer (checkpoint.py)."""
+        from checkpoint import rng_state, save_checkpoint
 
-        save_adapter(self.model, tmp / "adapter")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "tasks": self.rng.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps({"iteration": self.iteration_done}))
-        (tmp / "config.json").write_text(json.dumps(asdict(self.args), indent=1))
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-        return final
-
-    def _load(self, ckpt: Path) -> None:
-        """Restore optimizer, RNG states and iteration (the adapter was loaded with the model)."""
-        self.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
-        rng = torch.load(ckpt / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        self.rng.setstate(rng["tasks"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.iteration_done = json.loads((ckpt / "state.json").read_text())["iteration"]
+        return save_checkpoint(self.out, self.iteration_done, self.model, self.optimizer, rng_state(self.rng),
+                               asdict(self.args), self.warmstart, self.args.keep_checkpoints)
 
     def close(self) -> None:
         self.env.close()
         if self.eval_env is not None:
             self.eval_env.close()
-
-
-def find_checkpoint(path: str) -> Path:
-    """--resume takes a run folder or its checkpoint folder."""
-    p = Path(path)
-    for candidate in (p, p / "checkpoint"):
-        if (candidate / "adapter" / "adapter_config.json").exists() and (candidate / "state.json").exists():
-            return candidate
-    raise SystemExit(f"error: no checkpoint in {p} (expected {p / 'checkpoint'}/adapter and state.json)")
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -500,16 +553,30 @@ def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
     return out
 
 
-def multiplier_metrics(gaps, mults, has_hindsight, adv_row, eps) -> dict:
-    """Multiplier mean, spread (std) and share at a clip bound, over segments with hindsight
-    and a non-zero advantage (elsewhere m = 1 by construction); gap mean and |gap| mean."""
-    sel = has_hindsight & (adv_row != 0)  # (B,)
-    out = {"hindsight_share": float(has_hindsight.float().mean()), "segments_scored": int(sel.sum())}
-    if sel.any():
-        m, g = mults[sel], gaps[has_hindsight]
+def teacher_metrics(batch: RowBatch, algo: str, eps: float) -> dict:
+    """What the teacher found and what --algo applied of it.
+
+    gap_mean, gap_abs_mean: the segment gap g over rows with hindsight (every teacher algo).
+    mult_mean, mult_std, mult_at_bound: the multiplier the algorithm really applies, over the
+    units it applies it to, where it can differ from 1 (hindsight and A != 0): segments for
+    sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none."""
+    hind, adv = batch.has_hindsight, batch.adv_row  # (B,), (B,)
+    out = {"hindsight_share": float(hind.float().mean())}
+    if hind.any():
+        g = batch.gaps[hind]
+        out.update({"gap_mean": float(g.mean()), "gap_abs_mean": float(g.abs().mean())})
+    sel = hind & (adv != 0)  # (B,) rows whose multiplier can differ from 1
+    out["segments_scored"] = int(sel.sum())
+    if algo in ("sharpo", "stepopsd"):
+        m = batch.mults[sel]  # (n,) one per segment
+    elif algo == "rlsd":
+        m = batch.token_mults[sel][batch.segment_ids[sel] >= 0]  # (n,) one per trained token
+    else:
+        return out
+    if m.numel():
         at_bound = ((m <= 1 - eps + 1e-6) | (m >= 1 + eps - 1e-6)).float()
         out.update({"mult_mean": float(m.mean()), "mult_std": float(m.std()) if m.numel() > 1 else 0.0,
-                    "mult_at_bound": float(at_bound.mean()), "gap_mean": float(g.mean()), "gap_abs_mean": float(g.abs().mean())})
+                    "mult_at_bound": float(at_bound.mean())})
     return out
 
 
@@ -546,39 +613,40 @@ def sample_records(batch: RowBatch, tokenizer, k: int, it: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- main
 def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
-    """Run (or resume) training; returns the metrics of the iterations run now."""
+    """Run (or resume) training; returns the metrics of the iterations run now.
+
+    What a kill at any moment costs: at most the iterations since the last checkpoint. The
+    logs are append-only; at resume, lines after the checkpoint's iteration (and a torn last
+    line) are dropped, so the resumed run's log reads as if it had never stopped."""
+    from checkpoint import append_jsonl, crash_point, trim_log, write_atomic
+
     out = Path(args.output_dir)
-    if not args.resume and (out / "checkpoint").exists():
-        raise SystemExit(f"error: {out} already holds a run; pass --resume {out} to continue it, or another --output-dir")
+    if not args.resume and any((out / name).exists() for name in ("checkpoints", "metrics.jsonl", "config.json")):
+        raise UserError(f"{out} already holds a run; continue it with `python train.py --resume {out}`, "
+                        "or choose another --output-dir")
     trainer = trainer or Trainer(args)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(args), indent=1))
+    write_atomic(out / "config.json", json.dumps(asdict(args), indent=1))
     metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"
-    keep_logged_up_to(metrics_path, trainer.iteration_done)  # a resumed run redoes what came after its checkpoint
-    keep_logged_up_to(samples_path, trainer.iteration_done)
+    trim_log(metrics_path, trainer.iteration_done)
+    trim_log(samples_path, trainer.iteration_done)
     history = []
     while trainer.iteration_done < args.iterations:
         metrics, samples = trainer.iteration()
         it = trainer.iteration_done
         if args.eval_every and it % args.eval_every == 0:
             metrics.update(trainer.evaluate())
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        with samples_path.open("a") as f:
-            for record in samples:
-                f.write(json.dumps(record) + "\n")
+        crash_point("iteration done")
+        append_jsonl(metrics_path, [metrics])
+        crash_point("metrics logged")
+        append_jsonl(samples_path, samples)
+        crash_point("samples logged")
         if it % args.save_every == 0 or it == args.iterations:
             trainer.save()
         print(progress_line(metrics), flush=True)
         history.append(metrics)
     trainer.close()
     return history
-
-
-def keep_logged_up_to(path: Path, iteration: int) -> None:
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["iteration"] <= iteration]
-        path.write_text("".join(line + "\n" for line in lines))
 
 
 def progress_line(m: dict) -> str:
@@ -596,21 +664,19 @@ def progress_line(m: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if not torch.cuda.is_available() and args.preset == "cpu-demo":
+    if args.resume:
+        print(f"resuming {args.output_dir} from {args.resume}")
+    elif not torch.cuda.is_available() and args.preset == "cpu-demo":
         print("no GPU found: using the cpu-demo preset (a few short episodes on the shipped games); "
               "pass --preset gpu on a GPU machine for the full setting")
-    if args.resume:
-        saved = json.loads((find_checkpoint(args.resume) / "config.json").read_text())
-        args.model = args.model or saved.get("model")
-    if args.model is None:
-        from rollout import default_model_name
-
-        args.model = default_model_name()
-    print(f"training {args.algo} on {args.env}: {args.iterations} iterations x {args.groups} tasks x {args.group_size} rollouts -> {args.output_dir}")
+    print(f"training {args.algo} on {args.env} with {args.model}: {args.iterations} iterations x {args.groups} tasks "
+          f"x {args.group_size} rollouts -> {args.output_dir}")
     train(args)
-    print(f"done: metrics in {args.output_dir}/metrics.jsonl, checkpoint in {args.output_dir}/checkpoint "
-          f"(evaluate with: python eval.py --policy model --checkpoint {args.output_dir}/checkpoint)")
+    print(f"done: metrics in {args.output_dir}/metrics.jsonl, checkpoints in {args.output_dir}/checkpoints "
+          f"(evaluate with: python eval.py --policy model --checkpoint {args.output_dir})")
 
 
 if __name__ == "__main__":
-    main()
+    from cli import run
+
+    run(main)

@@ -109,4 +109,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from cli import run
+
+    run(main)

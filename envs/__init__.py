@@ -5,7 +5,7 @@ An env holds a batch of independent episodes. `reset(task_ids)` starts one episo
 `step(responses)` takes one raw model response per episode (None for an episode that is
 already done), parses and plays it, and returns one `EnvStep` per episode (None for done
 ones). Step rewards already include 10 * won and -0.1 per invalid action, so an episode's
-reward R_i (SHARPO.md section 1) is the sum of its step rewards.
+reward R_i (METHOD.md section 1) is the sum of its step rewards.
 
 The answer format is the verl-agent convention: reasoning in <think>...</think>, then exactly
 one <action>...</action>. `extract_action` checks the tags; each env then checks the action.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (SHARPO.md section 1)
+INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
 
 
@@ -45,7 +45,8 @@ def step_prompt(
     """The policy's chat context for one step, one user message (the model's default system prompt):
     the intro with the task, the last `history_len` (observation, action) pairs (None = all),
     the current observation, the available actions and the answer format."""
-    shown = history if history_len is None else history[len(history) - history_len :] if history_len > 0 else []
+    start = 0 if history_len is None else max(0, len(history) - history_len)  # never negative: early steps show all
+    shown = history[start:]
     first = len(history) - len(shown)
     lines = [intro]
     if shown:
@@ -84,28 +85,45 @@ class EnvStep:
     info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
 
 
-_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_TAGS = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)  # opening and closing tags, any case
+
+
+def _blocks(text: str, name: str) -> list[tuple[int, int]]:
+    """(start, end) of the contents of each <name>...</name> block, as a non-greedy regex would
+    pair them (an opening tag with the first closing tag after it), in one linear pass."""
+    blocks, open_at = [], None
+    for m in _TAGS.finditer(text):
+        if m.group(2).lower() != name:
+            continue
+        if not m.group(1) and open_at is None:
+            open_at = m.end()
+        elif m.group(1) and open_at is not None:
+            blocks.append((open_at, m.start()))
+            open_at = None
+    return blocks
 
 
 def extract_action(text: str) -> tuple[str | None, str]:
     """The action inside the answer's tags, or None and why the answer is invalid.
 
     Invalid: no <think>...</think> block, no or several <action>...</action> blocks, an
-    empty action, or characters outside printable ASCII in the action (another script).
+    empty action, or any character in the action outside printable ASCII (another script,
+    Unicode spaces included); ASCII spaces, tabs and newlines collapse to one space. Tags
+    match in any case. Linear time in the length of the text, whatever it holds.
     """
-    if not _THINK.search(text):
+    if not _blocks(text, "think"):
         return None, "missing <think>...</think>"
-    actions = _ACTION.findall(text)
+    actions = _blocks(text, "action")
     if not actions:
         return None, "missing <action>...</action>"
     if len(actions) > 1:
         return None, f"{len(actions)} actions given, one expected"
-    action = " ".join(actions[0].split())  # collapse whitespace and newlines
+    raw = text[actions[0][0] : actions[0][1]]
+    if not all(32 <= ord(c) < 127 or c in "\t\n\r" for c in raw):
+        return None, "action has characters outside ASCII"
+    action = " ".join(raw.split())  # collapse ASCII whitespace and newlines
     if not action:
         return None, "empty action"
-    if not all(32 <= ord(c) < 127 for c in action):
-        return None, "action has characters outside ASCII"
     return action, ""
 
 

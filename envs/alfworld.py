@@ -1,6 +1,6 @@
 """ALFWorld on its real engine: the `alfworld` package's TextWorld games, batched for rollouts.
 
-Reward (SHARPO.md section 1): R_i = 10 * won - 0.1 * n_invalid_actions, paid per step.
+Reward (METHOD.md section 1): R_i = 10 * won - 0.1 * n_invalid_actions, paid per step.
 An episode ends when it is won or after `max_steps` steps (default 50, as verl-agent).
 
 Data: the `json_2.1.1/<split>/<task>/<trial>/{traj_data.json, game.tw-pddl}` layout that
@@ -23,6 +23,7 @@ import re
 import time
 from pathlib import Path
 
+from cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
@@ -47,7 +48,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     if root.name == "json_2.1.1":
         root = root.parent
     if not (root / "json_2.1.1").is_dir():
-        raise FileNotFoundError(
+        raise DataError(
             f"ALFWorld data not found: {root / 'json_2.1.1'} does not exist. Point --data-dir (or "
             f"$ALFWORLD_DATA) at the folder that contains json_2.1.1 (what `alfworld-download` "
             f"writes), or leave both unset to use the games shipped in {SHIPPED_DATA}."
@@ -55,19 +56,63 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return root
 
 
+# The fields the engine, the handcoded expert and this env read, with their types.
+TRAJ_FIELDS = {"task_type": str, "pddl_params": dict}
+PDDL_PARAMS = {"object_target": str, "parent_target": str, "toggle_target": str, "mrecep_target": str, "object_sliced": bool}
+GAME_FIELDS = {"pddl_domain": str, "grammar": str, "pddl_problem": str, "solvable": bool}
+
+
+def _load_json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _check_fields(record: dict, expected: dict, where: str) -> None:
+    for key, kind in expected.items():
+        if key not in record:
+            raise DataError(f"{where}: field {key!r} is missing")
+        if not isinstance(record[key], kind):
+            raise DataError(f"{where}: field {key!r} should be {kind.__name__}, found {type(record[key]).__name__}")
+
+
+def check_game(folder: Path) -> bool:
+    """Check one game folder's files and the type of every field used; returns `solvable`.
+    Raises DataError naming the file and the field."""
+    traj_path, game_path = folder / "traj_data.json", folder / "game.tw-pddl"
+    for path in (traj_path, game_path):
+        if not path.is_file():
+            raise DataError(f"{folder}: {path.name} is missing (a game folder holds traj_data.json and game.tw-pddl)")
+    traj = _load_json_object(traj_path)
+    _check_fields(traj, TRAJ_FIELDS, str(traj_path))
+    if traj["task_type"] not in TASK_TYPES:
+        raise DataError(f"{traj_path}: task_type {traj['task_type']!r} is not one of {', '.join(TASK_TYPES)}")
+    _check_fields(traj["pddl_params"], PDDL_PARAMS, f"{traj_path}: pddl_params")
+    game = _load_json_object(game_path)
+    _check_fields(game, GAME_FIELDS, str(game_path))
+    walkthrough = game.get("walkthrough")
+    if walkthrough is not None and not (isinstance(walkthrough, list) and all(isinstance(a, str) for a in walkthrough)):
+        raise DataError(f"{game_path}: field 'walkthrough' should be a list of action strings")
+    return game["solvable"]
+
+
 def find_games(root: Path, split: str) -> list[str]:
-    """Task ids (game folders relative to json_2.1.1) of one split, sorted; unsolvable ones skipped."""
+    """Task ids (game folders relative to json_2.1.1) of one split, sorted, every folder checked
+    (check_game); unsolvable games are skipped, as ALFWorld does."""
     if split not in SPLITS:
-        raise ValueError(f"unknown ALFWorld split {split!r}: choose one of {', '.join(SPLITS)}")
+        raise DataError(f"unknown ALFWorld split {split!r}: choose one of {', '.join(SPLITS)}")
     base = root / "json_2.1.1"
     games = []
-    for traj in sorted((base / split).glob("*/*/traj_data.json")):
-        game = traj.parent / "game.tw-pddl"
-        if game.exists() and json.loads(game.read_text()).get("solvable", False):
-            games.append(str(traj.parent.relative_to(base)))
+    for folder in sorted(p for p in (base / split).glob("*/*") if p.is_dir()):
+        if check_game(folder):
+            games.append(str(folder.relative_to(base)))
     if not games:
         have = sorted(p.name for p in base.iterdir() if p.is_dir())
-        raise FileNotFoundError(
+        raise DataError(
             f"no solvable ALFWorld games in {base / split} (splits here: {', '.join(have) or 'none'}). "
             f"Choose another --split, or point --data-dir at a full `alfworld-download` folder."
         )

@@ -11,7 +11,7 @@ Score of a purchase (upstream goal.py), in 0..1:
   attribute match: rapidfuzz token_set_ratio > 85 with one of the product's attributes, or
   the attribute a substring of its title, bullet points or description; option match: ratio
   > 85 with a chosen option; r_type from query / category / product-name overlap.
-Episode reward (SHARPO.md section 1): 10 if the score is 1.0, minus 0.1 per invalid action;
+Episode reward (METHOD.md section 1): 10 if the score is 1.0, minus 0.1 per invalid action;
 the raw score goes in info["score"]. At most `max_steps` (default 15) steps.
 
 Deviations from upstream, and why:
@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
@@ -59,59 +60,109 @@ _ACTION = re.compile(r"(.+)\[(.+)\]")
 # ----------------------------------------------------------------------------- data
 def _read_json(path: Path, what: str):
     if not path.exists():
-        raise FileNotFoundError(f"WebShop {what} file not found: {path}")
+        raise DataError(f"WebShop {what} file not found: {path}")
     try:
         return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
 
 
 def _find(root: Path, pattern: str, what: str) -> Path:
     found = sorted(root.glob(pattern))
     if not found:
-        raise FileNotFoundError(
+        raise DataError(
             f"no WebShop {what} file ({pattern}) in {root}. Point --data-dir at a folder with upstream's "
             f"items_shuffle*.json, items_ins_v2*.json and items_human_ins.json, or leave it unset for the shipped catalog."
         )
     return found[0]
 
 
-def _field(record: dict, key: str, path: Path, asin: str = "?"):
+def _field(record: dict, key: str, path: Path, asin: str, kinds: tuple, optional: bool = False):
+    """record[key], checked to be one of `kinds` (DataError naming file, product and field)."""
     if key not in record:
-        raise ValueError(f"{path}: product {asin} has no field {key!r}")
-    return record[key]
+        if optional:
+            return None
+        raise DataError(f"{path}: product {asin} has no field {key!r}")
+    value = record[key]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise DataError(f"{path}: product {asin}, field {key!r} should be {names}, found {type(value).__name__}")
+    return value
+
+
+def _str_list(value, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise DataError(f"{where} should be a list of strings")
+    return value
+
+
+_ASIN = re.compile(r"[A-Z0-9]{10}")
 
 
 def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
     """Upstream's raw product files -> products with Title, Description, BulletPoints,
-    pricing (one or two floats), options {name: [values]}, Attributes (as upstream's loader)."""
+    pricing (one or two floats), options {name: [values]}, Attributes (as upstream's loader).
+    Every field used is checked here (DataError naming file, product and field)."""
     raw, attrs = _read_json(items_path, "products"), _read_json(attrs_path, "attributes")
     if not isinstance(raw, list):
-        raise ValueError(f"{items_path}: expected a list of products")
+        raise DataError(f"{items_path}: expected a list of products")
+    if not isinstance(attrs, dict):
+        raise DataError(f"{attrs_path}: expected an object mapping ASIN to {{'attributes': [...]}}")
     products, seen = [], set()
-    for p in raw:
-        asin = _field(p, "asin", items_path)
+    for k, p in enumerate(raw):
+        if not isinstance(p, dict):
+            raise DataError(f"{items_path}: entry {k} should be an object")
+        asin = _field(p, "asin", items_path, f"#{k}", (str,))
         if asin == "nan" or len(asin) > 10 or asin in seen:
-            continue
+            continue  # upstream's loader skips these too
+        if not _ASIN.fullmatch(asin):
+            raise DataError(f"{items_path}: product {asin}, field 'asin' should be 10 upper-case letters or digits")
         seen.add(asin)
-        bullets = _field(p, "small_description", items_path, asin)
-        bullets = bullets if isinstance(bullets, list) else [bullets]
-        pricing = _field(p, "pricing", items_path, asin)
-        prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing).split("$")[1:] if re.sub(r"[^\d.]", "", x)]
+        bullets = _field(p, "small_description", items_path, asin, (list, str))
+        bullets = _str_list(bullets if isinstance(bullets, list) else [bullets], f"{items_path}: product {asin}, field 'small_description'")
+        pricing = _field(p, "pricing", items_path, asin, (str, type(None)))
+        prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing or "").split("$")[1:] if re.fullmatch(r"\d+(\.\d+)?", re.sub(r"[^\d.]", "", x))]
         prices = prices[:2] or [100.0]
         options = {}
-        for name, contents in (p.get("customization_options") or {}).items():
-            if contents:
-                options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+        for name, contents in (_field(p, "customization_options", items_path, asin, (dict, type(None)), True) or {}).items():
+            if not contents:
+                continue
+            if not isinstance(contents, list) or not all(isinstance(c, dict) and isinstance(c.get("value"), str) for c in contents):
+                raise DataError(f"{items_path}: product {asin}, option {name!r} should be a list of {{'value': str}}")
+            options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+        attr = attrs.get(asin, {"attributes": ["DUMMY_ATTR"]})
+        if not isinstance(attr, dict) or "attributes" not in attr:
+            raise DataError(f"{attrs_path}: product {asin} should map to {{'attributes': [...]}}")
+        name = _field(p, "name", items_path, asin, (str,))
         products.append({
-            "asin": asin, "Title": _field(p, "name", items_path, asin), "name": p["name"],
-            "Description": _field(p, "full_description", items_path, asin) or "", "BulletPoints": bullets,
-            "pricing": prices, "options": options, "category": p.get("category", ""),
-            "query": str(p.get("query", "")).lower().strip(), "product_category": p.get("product_category", ""),
-            "Attributes": attrs.get(asin, {}).get("attributes", ["DUMMY_ATTR"]),
-            "Rating": p.get("average_rating", "N.A."), "Reviews": p.get("Reviews", []),
+            "asin": asin, "Title": name, "name": name,
+            "Description": _field(p, "full_description", items_path, asin, (str, type(None))) or "", "BulletPoints": bullets,
+            "pricing": prices, "options": options, "category": _field(p, "category", items_path, asin, (str,), True) or "",
+            "query": str(_field(p, "query", items_path, asin, (str,), True) or "").lower().strip(),
+            "product_category": _field(p, "product_category", items_path, asin, (str,), True) or "",
+            "Attributes": _str_list(attr["attributes"], f"{attrs_path}: product {asin}, field 'attributes'"),
+            "Rating": p.get("average_rating", "N.A."), "Reviews": _field(p, "Reviews", items_path, asin, (list,), True) or [],
         })
     return products
+
+
+def check_human_goals(human, path: Path) -> dict:
+    """items_human_ins.json: {asin: [{instruction: str, instruction_attributes: [str], instruction_options: [str]}]}."""
+    if not isinstance(human, dict):
+        raise DataError(f"{path}: expected an object mapping ASIN to a list of instructions")
+    for asin, entries in human.items():
+        if not isinstance(entries, list):
+            raise DataError(f"{path}: product {asin} should map to a list of instructions")
+        for k, ins in enumerate(entries):
+            where = f"{path}: product {asin}, instruction {k}"
+            if not isinstance(ins, dict):
+                raise DataError(f"{where} should be an object")
+            if not isinstance(ins.get("instruction"), str):
+                raise DataError(f"{where}, field 'instruction' should be a string")
+            for key in ("instruction_attributes", "instruction_options"):
+                if ins.get(key) is not None:
+                    _str_list(ins[key], f"{where}, field {key!r}")
+    return human
 
 
 def sample_prices(products: list[dict], seed: int) -> dict[str, float]:
@@ -256,8 +307,9 @@ class Page:
 
 
 def parse_web_action(action: str) -> tuple[str, str | None]:
-    """Upstream's parse: 'name[arg]' -> (name, lowercased arg); anything else -> (text, None)."""
-    m = _ACTION.match(action)
+    """Upstream's parse, 'name[arg]' -> (name, lowercased arg), over the whole action: text
+    after the closing ']' makes it (text, None), an invalid action (upstream ignores such text)."""
+    m = _ACTION.fullmatch(action)
     return (action, None) if m is None else (m.group(1), m.group(2).lower())
 
 
@@ -286,15 +338,16 @@ class WebShopEnv:
     def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 15, seed: int = 0):
         root = Path(data_dir or os.environ.get("WEBSHOP_DATA") or SHIPPED_DATA).expanduser()
         if not root.is_dir():
-            raise FileNotFoundError(f"WebShop data folder not found: {root}. Pass --data-dir (or $WEBSHOP_DATA), "
+            raise DataError(f"WebShop data folder not found: {root}. Pass --data-dir (or $WEBSHOP_DATA), "
                                     f"or leave both unset for the shipped catalog in {SHIPPED_DATA}.")
         self.products = load_products(_find(root, "items_shuffle*.json", "products"), _find(root, "items_ins_v2*.json", "attributes"))
         self.by_asin = {p["asin"]: p for p in self.products}
         self.prices = sample_prices(self.products, seed)
-        human = _read_json(_find(root, "items_human_ins*.json", "human goals"), "human goals")
+        human_path = _find(root, "items_human_ins*.json", "human goals")
+        human = check_human_goals(_read_json(human_path, "human goals"), human_path)
         self.goals = make_goals(self.products, human, self.prices, seed)
         if not self.goals:
-            raise ValueError(f"{root}: no goal has instruction_attributes; nothing to train or test on")
+            raise DataError(f"{root}: no goal has instruction_attributes; nothing to train or test on")
         self.splits = split_goals(self.goals)
         self.engine = SearchEngine(self.products)
         self.max_steps = max_steps
@@ -305,7 +358,7 @@ class WebShopEnv:
     # -- tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
-            raise ValueError(f"unknown WebShop split {split!r}: choose train or test")
+            raise DataError(f"unknown WebShop split {split!r}: choose train or test")
         return [f"goal-{i:05d}" for i in sorted(self.splits[split])]
 
     def goal(self, task_id: str) -> dict:

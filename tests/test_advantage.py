@@ -1,4 +1,4 @@
-"""GRPO advantage and the SHARPO token advantage (SHARPO.md sections 1, 3, 4)."""
+"""GRPO advantage and the SHARPO token advantage (METHOD.md sections 1, 3, 4)."""
 import math
 
 import pytest
@@ -84,7 +84,7 @@ VARIANTS = [
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("lam,eps_m", [(0.5, 0.2), (1.0, 0.5), (0.3, 0.05)])
 def test_sharpo_properties(variant, seed, lam, eps_m):
-    """SHARPO.md section 4: sign(Ahat) = sign(A); |Ahat - A| <= lam * eps_m * |A|; A = 0 gives
+    """METHOD.md section 4: sign(Ahat) = sign(A); |Ahat - A| <= lam * eps_m * |A|; A = 0 gives
     0; zero outside segments; constant within a segment (RLSD exempt)."""
     adv, lt, ls, seg = _random_case(seed)
     ahat = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, clip_eps=eps_m, **variant)

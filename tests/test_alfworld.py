@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from cli import DataError
+
 from envs import extract_action
 from envs.alfworld import (
     SHIPPED_DATA,
@@ -141,10 +143,10 @@ def test_expert_wins_shipped_games(env):
 
 def test_missing_data_dir_is_a_clear_error(tmp_path):
     """A folder without json_2.1.1, or a split without games, says what to do."""
-    with pytest.raises(FileNotFoundError, match="--data-dir"):
+    with pytest.raises(DataError, match="--data-dir"):
         AlfWorldEnv(data_dir=tmp_path)
     (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="no solvable ALFWorld games"):
+    with pytest.raises(DataError, match="no solvable ALFWorld games"):
         AlfWorldEnv(data_dir=tmp_path).tasks("train")
     with pytest.raises(ValueError, match="unknown ALFWorld split"):
         AlfWorldEnv().tasks("test")

@@ -1,4 +1,4 @@
-"""The policy loss (SHARPO.md section 5): PPO-clip, token-mean, k3 KL and the SDAR term."""
+"""The policy loss (METHOD.md section 5): PPO-clip, token-mean, k3 KL and the SDAR term."""
 import math
 
 import pytest

@@ -6,6 +6,7 @@ import torch
 
 import eval as eval_script
 import train
+from cli import UserError
 from envs.alfworld import AlfWorldEnv
 from rollout import ModelPolicy, check_fits, load_policy, play_episodes
 
@@ -39,7 +40,7 @@ def test_fit_check_refuses_a_model_too_big(tmp_path):
 def test_eval_expert_and_a_trained_checkpoint(tmp_path):
     """eval.py plays the expert on the shipped valid_unseen games (all won) and evaluates a
     train.py checkpoint with --policy model, writing the documented JSON keys."""
-    out = tmp_path / "expert.json"
+    out = tmp_path / "expert.json"  # (eval's default is runs/eval/...; keep the checkout clean)
     metrics = eval_script.main(["--policy", "expert", "--out", str(out)])
     assert metrics["success"] == 1.0 and json.loads(out.read_text())["episodes"] == 3
     for key in ("success", "mean_reward", "mean_steps", "invalid_rate", "env_ms_per_step", "env_ms_per_reset"):
@@ -49,13 +50,13 @@ def test_eval_expert_and_a_trained_checkpoint(tmp_path):
                              f"--output-dir={tmp_path / 'run'}"])
     train.train(args)
     torch.manual_seed(0)
-    m = eval_script.main(["--policy", "model", "--checkpoint", str(tmp_path / "run" / "checkpoint"),
+    m = eval_script.main(["--policy", "model", "--checkpoint", str(tmp_path / "run"),
                           "--num-games", "2", "--max-steps", "2", "--max-new-tokens", "4"])
     assert m["episodes"] == 2 and m["invalid_rate"] == 1.0  # a random tiny model cannot answer validly
-    assert (tmp_path / "run" / "checkpoint" / eval_script.default_out_name("alfworld", "model", "valid_unseen")).exists()
+    assert (tmp_path / "run" / "eval_alfworld_valid_unseen_iter-000001.json").exists()
 
 
 def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
-    """--checkpoint on a folder without an adapter says so."""
-    with pytest.raises(SystemExit, match="not a train.py checkpoint"):
+    """--checkpoint on a folder without a checkpoint says so."""
+    with pytest.raises(UserError, match="no complete checkpoint"):
         eval_script.main(["--policy", "model", "--checkpoint", str(tmp_path)])

@@ -1,5 +1,7 @@
 """plots.py turns a run folder into the segment view (HTML, PNG) and the learning curves."""
 import pytest
+
+from cli import UserError
 from PIL import Image
 
 import train
@@ -34,5 +36,5 @@ def test_multiplier_colors():
 
 
 def test_missing_run_folder_says_what_to_pass(tmp_path):
-    with pytest.raises(SystemExit, match="run folder"):
+    with pytest.raises(UserError, match="run folder"):
         make_plots(tmp_path)

@@ -1,4 +1,4 @@
-"""Training rows and segment means (SHARPO.md, data layout)."""
+"""Training rows and segment means (METHOD.md, data layout)."""
 import pytest
 import torch
 

@@ -8,6 +8,7 @@ import torch
 import train
 from rollout import ModelPolicy, load_policy, play_episodes, response_logprobs
 from segments import build_row, collate_rows
+from cli import UserError
 from stub_env import StubEnv
 
 TIMING_KEYS = ("seconds/", "tokens_per_s", "peak_memory")
@@ -44,8 +45,10 @@ def test_one_iteration_of_each_algo_moves_the_lora_weights(tmp_path, algo):
     assert metrics["update/optimizer_steps"] == 2 and metrics["update/skipped_steps"] == 0
     for key in ("success", "mean_reward", "invalid_rate", "tokens_generated", "seconds/rollout", "peak_memory_gb"):
         assert key in metrics
-    if algo != "grpo":
-        assert {"mult_mean", "mult_std", "mult_at_bound"} <= metrics.keys()
+    if algo in ("sharpo", "stepopsd", "rlsd"):  # the algorithms that scale advantages log what they applied
+        assert {"mult_mean", "mult_std", "mult_at_bound", "gap_mean"} <= metrics.keys()
+    else:  # grpo and sdar apply no multiplier, so they log none
+        assert "mult_mean" not in metrics
     assert samples and samples[0]["segments"] and "multiplier" in samples[0]["segments"][0]
 
 
@@ -67,7 +70,8 @@ def test_sharpo_with_lam_zero_gives_the_grpo_update(tmp_path):
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     """Two iterations straight, versus one iteration, a checkpoint, a fresh process state and
-    --resume for the second: the second iteration's metrics and final weights are the same."""
+    --resume RUN_DIR for the second (the policy loaded from the checkpoint alone): the second
+    iteration's metrics and final weights are the same, and the log holds each iteration once."""
     straight = _args(tmp_path / "a", iterations=2)
     t1 = _trainer(straight)
     full = train.train(straight, t1)
@@ -75,25 +79,28 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     first = _args(tmp_path / "b", iterations=1)
     train.train(first, _trainer(first))
     torch.manual_seed(12345)  # scramble the global RNG: the checkpoint must restore it
-    resumed = _args(tmp_path / "b", iterations=2, resume=str(tmp_path / "b" / "run"))
-    model, tok = load_policy("tiny", adapter=tmp_path / "b" / "run" / "checkpoint" / "adapter", seed=resumed.seed)
-    t2 = train.Trainer(resumed, model=model, tokenizer=tok, env=StubEnv(resumed.max_steps))
+    resumed = train.parse_args(["--resume", str(tmp_path / "b" / "run"), "--iterations", "2"])
+    t2 = train.Trainer(resumed, env=StubEnv(resumed.max_steps))
     assert t2.iteration_done == 1
     second = train.train(resumed, t2)
     strip = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMING_KEYS)}  # noqa: E731
     assert strip(second[0]) == strip(full[1])
     a, b = _lora_state(t1.model), _lora_state(t2.model)
-    assert all(torch.allclose(a[n], b[n]) for n in a)
+    assert all(torch.equal(a[n], b[n]) for n in a)
     lines = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
 
 
 def test_existing_run_needs_resume(tmp_path):
-    """Starting over a folder that holds a checkpoint is refused with the fix in the message."""
+    """Starting over a folder that holds a run is refused with the fix in the message, and
+    the run's files are left as they were."""
     args = _args(tmp_path)
     train.train(args, _trainer(args))
-    with pytest.raises(SystemExit, match="--resume"):
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match="--resume"):
         train.train(args, None)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    assert (tmp_path / "run" / "latest" / "state.json").exists()
 
 
 def test_trained_ids_are_the_sampled_ids(tmp_path):
@@ -168,9 +175,13 @@ def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
-def test_bad_flags_are_clear_errors():
-    """Bad settings stop before any loading, naming the flag."""
-    for flags, needle in ((["--algo", "ppo"], "--algo"), (["--lam", "2"], "--lam"), (["--history", "x"], "--history"),
-                          (["--hindsight", "oracle"], "--hindsight"), (["--mult-eps", "1.5"], "--mult-eps")):
-        with pytest.raises(SystemExit, match=needle):
+def test_bad_flags_are_clear_errors(capsys):
+    """Bad settings stop before any loading, naming the flag (argparse's own errors exit 2 with
+    the flag and the allowed values; range checks raise UserError)."""
+    for flags, needle in ((["--algo", "ppo"], "--algo"), (["--hindsight", "oracle"], "--hindsight")):
+        with pytest.raises(SystemExit) as exit_info:
+            train.parse_args(flags)
+        assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+    for flags, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--mult-eps", "1.5"], "--mult-eps")):
+        with pytest.raises(UserError, match=needle):
             train.parse_args(flags)

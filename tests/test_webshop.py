@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from cli import DataError
+
 import train
 from envs.webshop import (
     SearchEngine,
@@ -155,7 +157,7 @@ def test_malformed_file_names_the_file_and_field(tmp_path, env):
     (tmp_path / "items_ins_v2_1000.json").write_text("{}")
     with pytest.raises(ValueError, match=r"items_shuffle_1000.json: product B0BAD00001 has no field 'name'"):
         load_products(tmp_path / "items_shuffle_1000.json", tmp_path / "items_ins_v2_1000.json")
-    with pytest.raises(FileNotFoundError, match="--data-dir"):
+    with pytest.raises(DataError, match="--data-dir"):
         WebShopEnv(data_dir=tmp_path / "nowhere")
 
 
@@ -166,4 +168,4 @@ def test_short_training_run_on_webshop(tmp_path):
                              "--hindsight=expert", "--eval-every=1", "--eval-games=2", f"--output-dir={tmp_path}/run"])
     history = train.train(args)
     assert history[0]["iteration"] == 1 and "eval/mean_score" in history[0]
-    assert (tmp_path / "run" / "checkpoint" / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "run" / "latest" / "adapter_config.json").exists()

