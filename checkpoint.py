@@ -190,10 +190,10 @@ def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike 
     from safetensors.torch import load_file, save_file
 
     if warmstart is None:
-        model.save_pretrained(folder, safe_serialization=True)
+        model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
     else:
         trained, copy = folder / "trained", folder / "warmstart"
-        model.save_pretrained(trained, safe_serialization=True)
+        model.save_pretrained(trained, safe_serialization=True, save_embedding_layers=False)
         (trained / "README.md").unlink(missing_ok=True)
         copy.mkdir()
         for name in ("adapter_config.json", "adapter_model.safetensors"):

@@ -74,7 +74,7 @@ def build_parser(cls, description: str | None = None, defaults: dict | None = No
     """A parser for `cls`. defaults: overrides of the dataclass defaults (shown in --help).
     suppress: flags not given are left out of the result (to learn which flags were given)."""
     parser = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                     argument_default=argparse.SUPPRESS if suppress else None)
+                     argument_default=argparse.SUPPRESS if suppress else None, add_help=not suppress)
     helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")

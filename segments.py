@@ -19,6 +19,7 @@ from rollout.py to train.py.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -137,18 +138,19 @@ def format_plan(headline: str, actions: list[str]) -> str:
 
 def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
     """True for the response tokens that overlap the text inside <action>...</action> (the last
-    such block; tags included), for StepOPSD's action-only gap. All False when there is none."""
+    such block, tags in any case; tags included), for StepOPSD's action-only gap. All False when there is none."""
     pieces = [tokenizer.decode([t]) for t in response_ids]
     ends, pos = [], 0
     for piece in pieces:
         pos += len(piece)
         ends.append(pos)
     text = "".join(pieces)
-    start = text.rfind("<action>")
-    stop = text.find("</action>", start) if start >= 0 else -1
-    if start < 0 or stop < 0:
+    opens = [m.start() for m in re.finditer("<action>", text, re.IGNORECASE)]  # any case, as the parser
+    start = opens[-1] if opens else -1
+    close = re.compile("</action>", re.IGNORECASE).search(text, start) if start >= 0 else None
+    if close is None:
         return [False] * len(response_ids)
-    stop += len("</action>")
+    stop = close.end()
     return [ends[k] > start and (ends[k - 1] if k else 0) < stop for k in range(len(pieces))]
 
 
