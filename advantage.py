@@ -11,7 +11,10 @@ Equations (METHOD.md; the numbers are its sections):
         + sdar_coef * token_mean_{hindsight rows}( sg(sigmoid(beta * delta)) * (sg(logp_teacher) - logp_new) )
 Baselines, one argument apart: GRPO = lam 0; RLSD = the multiplier per token
 (granularity="token"); StepOPSD = 2 * sigmoid(.) in place of exp(.) (shape="sigmoid");
-SDAR = GRPO advantage plus the gated term of policy_loss.
+SDAR = GRPO advantage plus the gated term of policy_loss. GiGPO, without a teacher:
+      R_t = sum_{k >= t} gamma^(k - t) r_k                   discounted return of step t
+      A_step = GRPO's formula over each step group (same episode group, same anchor state)
+      Ahat_{i,t} = A_i + omega * A_step(i, k(t))
 
 Shapes: N trajectories, B training rows (one per step; row b carries its trajectory's A),
 T response-token positions, S segments per row.
@@ -148,6 +151,51 @@ def sharpo_token_advantages(
     token_mult = token_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, granularity, shape, gap_mask)
     token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat
     return torch.where(in_segment, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 outside segments
+
+
+# ----------------------------------------------------------------------------- GiGPO (METHOD.md section 6)
+def discounted_returns(rewards: torch.Tensor, traj_ids: torch.Tensor, gamma: float) -> torch.Tensor:
+    """R_t = sum_{k >= t} gamma^(k - t) r_k within each trajectory.
+
+    rewards (B,) step rewards, traj_ids (B,) the trajectory of each row; rows of one trajectory
+    are contiguous and in step order. Returns (B,) in rewards' dtype.
+    """
+    out = torch.zeros_like(rewards)  # (B,)
+    running = 0.0
+    for b in range(len(rewards) - 1, -1, -1):  # backwards: R_t = r_t + gamma * R_{t+1}
+        if b == len(rewards) - 1 or traj_ids[b] != traj_ids[b + 1]:
+            running = 0.0  # the last step of a trajectory
+        running = float(rewards[b]) + gamma * running
+        out[b] = running
+    return out
+
+
+def anchor_groups(group_ids: list[int], anchors: list[str]) -> torch.Tensor:
+    """Step groups: rows of one episode group whose anchor state (the observation they acted
+    from) is the same text. Returns (B,) long ids, equal for rows of one step group."""
+    index: dict[tuple[int, str], int] = {}
+    return torch.tensor([index.setdefault((g, a), len(index)) for g, a in zip(group_ids, anchors)])  # (B,)
+
+
+def step_group_stats(step_groups: torch.Tensor) -> dict:
+    """How much step-level signal there is: the share of steps in a step group of size >= 2,
+    and the mean size of the step groups."""
+    _, inverse, counts = torch.unique(step_groups, return_inverse=True, return_counts=True)
+    return {"step_group_share": float((counts[inverse] >= 2).float().mean()),
+            "step_group_size": float(counts.float().mean())}
+
+
+def gigpo_token_advantages(
+    adv: torch.Tensor, step_adv: torch.Tensor, segment_ids: torch.Tensor, omega: float = 1.0
+) -> torch.Tensor:
+    """GiGPO's token advantage A_i + omega * A_step(i, k), constant over segment k, 0 outside.
+
+    adv (B,) the episode advantage of each row's trajectory; step_adv (B,) the step-group
+    advantage of each row (its segment); segment_ids (B, T). Returns (B, T).
+    """
+    row_adv = adv + omega * step_adv  # (B,)
+    in_segment = segment_ids >= 0  # (B, T)
+    return torch.where(in_segment, row_adv[:, None].expand_as(segment_ids).to(adv.dtype), torch.zeros((), dtype=adv.dtype))
 
 
 # ----------------------------------------------------------------------------- (5) loss

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         results[algo] = {k: v for k, v in metrics.items() if k.startswith(("seconds/", "tokens", "peak", "rows"))}
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
           f"~{args.obs_words}-word observations")
-    stages = ["rollout", "segments", "teacher", "update", "iteration"]
+    stages = ["rollout", "segments", "student", "teacher", "reference", "update", "iteration"]
     print(f"  {'algo':10s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}{'peak GB':>9s}")
     for algo, r in results.items():
         print(f"  {algo:10s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)

@@ -377,6 +377,7 @@ def play_episodes(
     groups = list(range(len(task_ids))) if groups is None else groups
     trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, groups, states)]
     history: list[list[tuple[str, str]]] = [[] for _ in task_ids]
+    anchors = [s.observation for s in states]  # the state each episode is in; an invalid answer leaves it
     bar = tqdm(total=env.max_steps, desc=desc, unit="turn", leave=False)
     while True:
         live = [i for i, s in enumerate(states) if not s.done]
@@ -390,7 +391,9 @@ def play_episodes(
         results = env.step(responses)
         for i, context, (prompt_ids, response_ids, text) in zip(live, contexts, outputs):
             res = results[i]
-            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward))
+            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward, anchors[i]))
+            if not res.invalid:
+                anchors[i] = res.observation
             history[i].append((states[i].observation, res.action or "(invalid response)"))
             states[i] = res
             if res.done:

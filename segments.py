@@ -38,6 +38,7 @@ class Step:
     response_text: str  # a_k decoded (special tokens dropped), what the env parsed
     action: str | None  # the parsed action, None when the response was an invalid action
     reward: float  # step reward from the env (10 * won and -0.1 for an invalid action included)
+    anchor: str = ""  # the env state it acted from: the observation of the last reset or valid action (GiGPO)
 
 
 @dataclass

@@ -34,7 +34,17 @@ from typing import Literal
 
 import torch
 
-from advantage import grpo_advantages, policy_loss, segment_multipliers, sharpo_token_advantages, token_multipliers
+from advantage import (
+    anchor_groups,
+    discounted_returns,
+    gigpo_token_advantages,
+    grpo_advantages,
+    policy_loss,
+    segment_multipliers,
+    sharpo_token_advantages,
+    step_group_stats,
+    token_multipliers,
+)
 from cli import UserError
 from envs import history_length
 from segments import (
@@ -54,7 +64,7 @@ class TrainArgs:
     """Command-line flags of train.py (defaults: the GPU setting; --preset cpu-demo shrinks them)."""
 
     env: Literal["alfworld", "webshop"] = "alfworld"  # environment
-    algo: Literal["sharpo", "grpo", "rlsd", "stepopsd", "sdar"] = "sharpo"  # credit assignment (METHOD.md)
+    algo: Literal["sharpo", "grpo", "rlsd", "stepopsd", "sdar", "gigpo"] = "sharpo"  # credit assignment (METHOD.md)
     preset: Literal["auto", "gpu", "cpu-demo", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
@@ -79,6 +89,9 @@ class TrainArgs:
     kl_coef: float = 0.01  # k3 KL to the reference (adapter off); 0 skips the reference pass
     sdar_coef: float = 0.01  # --algo sdar: weight of the gated self-distillation term
     sdar_beta: float = 5.0  # --algo sdar: gate sharpness, sigmoid(beta * delta)
+    gigpo_gamma: float = 0.95  # --algo gigpo: discount of the step return R_t
+    gigpo_omega: float = 1.0  # --algo gigpo: weight of the step-group advantage, A_i + omega * A_step
+    gigpo_norm: Literal["std", "mean"] = "std"  # --algo gigpo: step advantage (R - mean) / std, or R - mean
     lr: float = 3e-6  # AdamW learning rate (verl-agent LoRA: 3e-6)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm
@@ -193,9 +206,11 @@ def check_args(args: TrainArgs) -> None:
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
                   "temperature", "ppo_clip", "grad_clip", "eval_games"),
         non_negative=("max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
-                      "eval_every", "samples_per_iter", "min_new_tokens"),
+                      "eval_every", "samples_per_iter", "min_new_tokens", "gigpo_omega"),
         finite=("lam", "mult_eps"),
     )
+    if not 0 <= args.gigpo_gamma <= 1:
+        problems.append(f"--gigpo-gamma must be in [0, 1]; got {args.gigpo_gamma}")
     if not 0 <= args.lam <= 1:
         problems.append(f"--lam must be in [0, 1]; got {args.lam}")
     if not 0 < args.mult_eps < 1:
@@ -230,6 +245,7 @@ def algo_settings(args: TrainArgs) -> dict:
         "rlsd": dict(lam=args.lam, granularity="token", shape="exp", sdar_coef=0.0),
         "stepopsd": dict(lam=args.lam, granularity="segment", shape="sigmoid", sdar_coef=0.0),
         "sdar": dict(lam=0.0, granularity="segment", shape="exp", sdar_coef=args.sdar_coef),
+        "gigpo": dict(lam=0.0, granularity="segment", shape="exp", sdar_coef=0.0),  # + the step-group term
     }[args.algo]
 
 
@@ -272,6 +288,8 @@ class RowBatch:
     gaps: torch.Tensor | None = None  # (B,) segment gap g
     mults: torch.Tensor | None = None  # (B,) segment multiplier m
     token_mults: torch.Tensor | None = None  # (B, T) the multiplier each token's advantage gets (RLSD: per token)
+    step_adv: torch.Tensor | None = None  # (B,) GiGPO: each step's advantage within its step group
+    step_groups: torch.Tensor | None = None  # (B,) GiGPO: step-group id of each row (same group, same anchor state)
 
 
 class Trainer:
@@ -332,8 +350,7 @@ class Trainer:
         batch = self.make_rows(trajs)  # 2. segments
         t["segments"], clock = time.perf_counter() - clock, time.perf_counter()
         crash_point("segments")
-        self.score(batch)  # 3. teacher
-        t["teacher"] = time.perf_counter() - clock
+        t.update(self.score(batch))  # 3. teacher (and the student's and reference's log-probs)
         crash_point("teacher")
         self.advantages(batch)  # 4. advantage
         crash_point("advantage")
@@ -345,6 +362,8 @@ class Trainer:
         metrics = {"iteration": it, **rollout_metrics(trajs, batch.group_ids)}
         if self.needs_teacher:
             metrics.update(teacher_metrics(batch, self.args.algo, self.args.mult_eps))
+        if self.args.algo == "gigpo":
+            metrics.update(gigpo_metrics(batch))
         metrics.update(update)
         metrics["rows"] = len(batch.rows)
         metrics["tokens_generated"] = policy.tokens_generated
@@ -409,20 +428,29 @@ class Trainer:
                 traj.hindsight = format_plan("The expert's plan for this task, from the start:", self.env.expert_plan(traj.task_id))
 
     # 3. teacher: student (before the update), teacher (hindsight rows) and reference log-probs
-    def score(self, batch: "RowBatch") -> None:
+    def score(self, batch: "RowBatch") -> dict:
+        """Fill logp_old, logp_teacher and logp_ref; returns the seconds of each pass (teacher 0
+        when --algo needs none: grpo and gigpo run no teacher pass)."""
         args, mb, T = self.args, self.args.micro_batch_rows, batch.segment_ids.shape[1]
+        it, seconds = self.iteration_done + 1, {"student": 0.0, "teacher": 0.0, "reference": 0.0}
         self.model.eval()
-        it = self.iteration_done + 1
+        clock = time.perf_counter()
         batch.logp_old = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
                                        desc=f"iter {it} student")  # (B, T)
+        seconds["student"] = time.perf_counter() - clock
         batch.logp_teacher = batch.logp_old.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
         if batch.teacher_rows and self.needs_teacher:
+            clock = time.perf_counter()
             batch.logp_teacher[batch.has_hindsight] = rows_logprobs(
                 self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T, desc=f"iter {it} teacher")
+            seconds["teacher"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         if args.kl_coef > 0:
             with self.model.disable_adapter():  # the reference model: base weights, no second copy
                 batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
                                                desc=f"iter {it} reference")  # (B, T)
+        seconds["reference"] = time.perf_counter() - clock
+        return seconds
 
     # 4. advantage: A_i over each group, then the per-token Ahat of --algo
     def advantages(self, batch: "RowBatch") -> None:
@@ -440,6 +468,14 @@ class Trainer:
         batch.token_mults = token_multipliers(
             batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids, args.mult_eps,
             settings["granularity"], settings["shape"], batch.gap_mask)  # (B, T)
+        if args.algo == "gigpo":  # METHOD.md section 6: steps from the same state, compared by return
+            rows_traj = torch.tensor([i for i, _ in batch.steps])  # (B,)
+            returns = discounted_returns(torch.tensor([s.reward for _, s in batch.steps], dtype=torch.float64),
+                                         rows_traj, args.gigpo_gamma)  # (B,) R_t
+            batch.step_groups = anchor_groups([batch.trajs[i].group for i, _ in batch.steps],
+                                              [s.anchor for _, s in batch.steps])  # (B,)
+            batch.step_adv = grpo_advantages(returns, batch.step_groups, norm_by_std=args.gigpo_norm == "std").float()  # (B,)
+            batch.token_adv = gigpo_token_advantages(batch.adv_row, batch.step_adv, batch.segment_ids, args.gigpo_omega)
 
     # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
     def update(self, batch: "RowBatch") -> dict:
@@ -580,6 +616,14 @@ def teacher_metrics(batch: RowBatch, algo: str, eps: float) -> dict:
     return out
 
 
+def gigpo_metrics(batch: RowBatch) -> dict:
+    """How much step-level signal GiGPO found: the share of steps in a step group of size >= 2,
+    the mean step-group size, and the spread (std) of the step advantage."""
+    stats = step_group_stats(batch.step_groups)
+    return {"gigpo/step_group_share": stats["step_group_share"], "gigpo/step_group_size": stats["step_group_size"],
+            "gigpo/step_adv_std": float(batch.step_adv.std()) if batch.step_adv.numel() > 1 else 0.0}
+
+
 def peak_memory_gb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
@@ -601,6 +645,7 @@ def sample_records(batch: RowBatch, tokenizer, k: int, it: int) -> list[dict]:
                 "observation": s.messages[-1]["content"].split("Current observation: ")[-1].split("\nAdmissible")[0],
                 "response": s.response_text, "action": s.action, "reward": s.reward,
                 "gap": float(batch.gaps[b]), "multiplier": float(batch.mults[b]),
+                **({"step_advantage": float(batch.step_adv[b])} if batch.step_adv is not None else {}),
                 "tokens": [tokenizer.decode([t]) for t in batch.rows[b].response_ids],
                 "token_delta": [round(float(x), 4) for x in delta[b, :n]],
             })
