@@ -7,7 +7,7 @@ also runs on a GPU machine without alfworld. Per algorithm: one warm-up iteratio
 timed iteration; the ratio compares the timed iterations of one run.
 
 Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
-in 4-bit nf4 on CUDA, per NOTES.md; timings do not depend on the weights' values).
+in 4-bit nf4 on CUDA, built from its config with no download; timings do not depend on the weights' values).
 
 Run: python bench.py --model tiny
      python bench.py --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700

@@ -218,7 +218,7 @@ def load_policy(
             import bitsandbytes as bnb
 
             # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for inference during a
-            # no-grad forward (generate), which breaks the next backward (NOTES.md): turn it off.
+            # no-grad forward (generate), which breaks the next backward ("a view of a leaf Variable ... in-place"): turn it off.
             for module in base.modules():
                 if isinstance(module, bnb.nn.Linear4bit):
                     module.support_avx512bf16_for_cpu = False
@@ -391,7 +391,8 @@ def play_episodes(
         results = env.step(responses)
         for i, context, (prompt_ids, response_ids, text) in zip(live, contexts, outputs):
             res = results[i]
-            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward, anchors[i]))
+            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward, anchors[i],
+                                       states[i].expert_action))
             if not res.invalid:
                 anchors[i] = res.observation
             history[i].append((states[i].observation, res.action or "(invalid response)"))

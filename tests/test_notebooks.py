@@ -9,9 +9,9 @@ NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("*.ipynb"))
 
 
-def test_there_are_three_walkthroughs():
-    """01 segments and advantages, 02 one training iteration, 03 reading a run."""
-    assert [n[:2] for n in NOTEBOOKS] == ["01", "02", "03"]
+def test_there_are_four_walkthroughs():
+    """01 segments and advantages, 02 one training iteration, 03 reading a run, 04 does the credit land."""
+    assert [n[:2] for n in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -1,0 +1,243 @@
+"""Compare: learning curves of several --algo values over several seeds, with 95% intervals.
+
+Runs `train.py` once per (algorithm, seed) with otherwise identical flags (the flags after
+`--`), each in OUT/<algo>-seed<k>; the same seed draws the same tasks for every algorithm (the
+task sampler is seeded by --seed alone). A finished run is not rerun, a killed one is resumed,
+so the command can be repeated until everything is done. Then it gathers the run folders and
+writes into OUT:
+  curves.png    success, mean reward, invalid rate and groups with spread per iteration:
+                the mean over seeds, with a 95% t-interval band, one colour per algorithm
+  summary.md    the table below, as Markdown;  summary.json  the same numbers
+Summary, per algorithm (mean over seeds, 95% t-interval over seeds):
+  final_success   mean rollout success over the last --final-window iterations of a run
+  auc_success     mean rollout success over all iterations (area under the curve / iterations)
+  eval_success    the last greedy evaluation's success, when the runs evaluated
+  s_per_iter      wall seconds per iteration;  time_vs_grpo  s_per_iter / GRPO's
+
+With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
+should be. "No difference" is what overlapping intervals say.
+
+Run: python compare.py --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli import UserError
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
+CURVES = ("success", "mean_reward", "invalid_rate", "groups_with_spread")
+
+
+@dataclass
+class CompareArgs:
+    """Command-line flags of compare.py (train.py's flags go after `--`)."""
+
+    algos: str = "sharpo,grpo"  # comma-separated --algo values
+    seeds: str = "0,1,2"  # comma-separated seeds
+    out: str = "runs/compare"  # folder of the runs and of the summary
+    jobs: int = 1  # runs at the same time (each with OMP_NUM_THREADS = cores / jobs)
+    gather_only: bool = False  # only summarise the run folders already in --out
+    final_window: int = 3  # iterations averaged into final_success
+
+
+# ----------------------------------------------------------------------------- statistics
+def t_quantile(df: int) -> float:
+    """t_{0.975, df} (the nearest tabulated df at or below; 1.96 beyond 30)."""
+    if df < 1:
+        return float("nan")
+    return T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.96
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of a 95% t-interval; the interval is the mean itself for one value."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """The metrics lines of a run folder, skipping a torn line."""
+    out = []
+    path = run / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def run_summary(metrics: list[dict], final_window: int) -> dict:
+    """The per-run numbers the module docstring defines."""
+    success = [m["success"] for m in metrics]
+    evals = [m["eval/success"] for m in metrics if m.get("eval/success") is not None]
+    seconds = [sum(v for k, v in m.items() if k.startswith("seconds/") and v is not None) for m in metrics]
+    return {"iterations": len(metrics), "final_success": sum(success[-final_window:]) / len(success[-final_window:]),
+            "auc_success": sum(success) / len(success), "eval_success": evals[-1] if evals else None,
+            "s_per_iter": sum(seconds) / len(seconds)}
+
+
+def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int) -> dict:
+    """{algo: {stat: [mean, low, high], "seeds": n}} over the runs that have metrics."""
+    table = {}
+    for algo, by_seed in runs.items():
+        per_run = [run_summary(m, final_window) for m in by_seed.values() if m]
+        if not per_run:
+            continue
+        row = {"seeds": len(per_run), "iterations": min(r["iterations"] for r in per_run)}
+        for key in ("final_success", "auc_success", "eval_success", "s_per_iter"):
+            values = [r[key] for r in per_run if r[key] is not None]
+            row[key] = list(mean_interval(values)) if values else None
+        table[algo] = row
+    if "grpo" in table:
+        for row in table.values():
+            row["time_vs_grpo"] = row["s_per_iter"][0] / table["grpo"]["s_per_iter"][0]
+    return table
+
+
+def markdown_table(table: dict) -> str:
+    def cell(v):
+        return "-" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+    lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |",
+             "|---|---|---|---|---|---|---|---|"]
+    for algo, r in table.items():
+        lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
+                     f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
+    """One panel per metric: mean over seeds per iteration, 95% t-interval band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for c, (algo, by_seed) in enumerate(runs.items()):
+        n_iter = min((len(m) for m in by_seed.values() if m), default=0)
+        if not n_iter:
+            continue
+        for ax, key in zip(axes, CURVES):
+            stats = [mean_interval([m[i][key] for m in by_seed.values() if m and m[i].get(key) is not None])
+                     for i in range(n_iter)]
+            x = list(range(1, n_iter + 1))
+            ax.plot(x, [s[0] for s in stats], color=f"C{c}", label=f"{algo} ({len(by_seed)} seeds)")
+            ax.fill_between(x, [s[1] for s in stats], [s[2] for s in stats], color=f"C{c}", alpha=0.2)
+    for ax, key in zip(axes, CURVES):
+        ax.set_title(key)
+        ax.set_xlabel("iteration")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- running
+def run_state(run: Path, iterations: int | None) -> str:
+    """'done', 'partial' (resume it) or 'new'."""
+    from checkpoint import find_checkpoint, read_iteration
+
+    try:
+        done = read_iteration(find_checkpoint(run))
+    except UserError:
+        return "new"
+    return "done" if iterations is not None and done >= iterations else "partial"
+
+
+def train_iterations(train_flags: list[str]) -> int:
+    """The --iterations the runs will have (train.py's own resolution of the flags)."""
+    import train
+
+    return train.parse_args(train_flags).iterations
+
+
+def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int, state: str) -> subprocess.Popen:
+    if state == "partial":
+        argv = ["--resume", str(run)]
+    else:  # a folder without a complete checkpoint holds nothing to resume: start it afresh
+        shutil.rmtree(run, ignore_errors=True)
+        argv = [*train_flags, "--algo", algo, "--seed", str(seed), "--output-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log = open(run.parent / f"{run.name}.log", "a")
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("train.py")), *argv],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from cli import check_domains, parse_dataclass
+
+    argv = sys.argv[1:] if argv is None else argv
+    own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = parse_dataclass(CompareArgs, own, description=__doc__)
+    problems = check_domains(args, positive=("jobs", "final_window"))
+    algos = [a for a in args.algos.split(",") if a]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
+        seeds = []
+    import train
+
+    problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join(train.ALGOS)})" for a in algos if a not in train.ALGOS]
+    for flag in ("--algo", "--seed", "--output-dir", "--resume"):
+        if any(f == flag or f.startswith(flag + "=") for f in train_flags):
+            problems.append(f"{flag} is set by compare.py for each run; drop it after --")
+    if problems:
+        raise UserError("; ".join(problems))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_of = {(a, s): out / f"{a}-seed{s}" for a in algos for s in seeds}
+    if not args.gather_only:
+        iterations = train_iterations(train_flags)
+        todo = [(key, run_state(run, iterations)) for key, run in runs_of.items()]
+        todo = [(key, state) for key, state in todo if state != "done"]
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        running: list[tuple[tuple, subprocess.Popen]] = []
+        print(f"compare: {len(runs_of)} runs, {len(todo)} to (re)start, {args.jobs} at a time -> {out}")
+        while todo or running:
+            while todo and len(running) < args.jobs:
+                (algo, seed), state = todo.pop(0)
+                print(f"  start {algo} seed {seed} ({state}); log: {out / f'{algo}-seed{seed}.log'}", flush=True)
+                running.append(((algo, seed), launch(algo, seed, runs_of[(algo, seed)], train_flags, threads, state)))
+            time.sleep(2)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                (algo, seed), proc = item
+                print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}", flush=True)
+    runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
+    table = summarize(runs, args.final_window)
+    if not table:
+        raise UserError(f"no run in {out} has metrics yet")
+    curves_png(runs, out / "curves.png")
+    (out / "summary.md").write_text(markdown_table(table))
+    (out / "summary.json").write_text(json.dumps({"train_flags": train_flags, "algos": algos, "seeds": seeds,
+                                                  "final_window": args.final_window, "table": table}, indent=1))
+    print(markdown_table(table))
+    print(f"wrote {out / 'curves.png'}, {out / 'summary.md'}, {out / 'summary.json'}")
+    return table
+
+
+if __name__ == "__main__":
+    from cli import run
+
+    run(main)
