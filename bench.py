@@ -9,8 +9,13 @@ timed iteration; the ratio compares the timed iterations of one run.
 Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
 in 4-bit nf4 on CUDA, built from its config with no download; timings do not depend on the weights' values).
 
+`--env alfworld --policy random` times the ALFWorld engine alone (no model): the same episodes
+(random admissible actions, seeded) played with 1 worker (in-process) and with N worker
+processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
+
 Run: python bench.py --model tiny
      python bench.py --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
+     python bench.py --env alfworld --episodes 128 --policy random --steps 5
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ class BenchArgs:
     obs_words: int = 200  # words per observation (sets the context length)
     micro_batch_rows: int = 4  # rows per forward/backward
     kl_coef: float = 0.01  # KL coefficient (0 skips the reference pass)
+    env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
+    policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
+    env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
     out: str | None = None  # also write the figures as JSON here
 
 
@@ -122,12 +130,56 @@ def qwen7b_shape_model():
     return peft_model, tokenizer
 
 
+def bench_env(args: BenchArgs) -> dict:
+    """Seconds per reset and per turn of the ALFWorld engine, in-process vs N workers."""
+    from envs import make_env, resolve_workers
+    from eval import RandomPolicy
+
+    n = resolve_workers(args.env_workers, args.episodes)
+    results = {}
+    for workers in (1, n):
+        env = make_env("alfworld", max_steps=args.steps, workers=workers)
+        tasks = env.tasks("train")
+        task_ids = [tasks[(k // args.group_size) % len(tasks)] for k in range(args.episodes)]
+        env.reset(task_ids)  # warm-up: engines are built once per game and episode slot, then pooled
+        policy = RandomPolicy(0)
+        clock = time.perf_counter()
+        states = env.reset(task_ids)
+        reset_s = time.perf_counter() - clock
+        turns, step_s = 0, 0.0
+        while not all(s.done for s in states):
+            actions = policy.act(None, states)
+            responses = [None if s.done else a[2] for s, a in zip(states, actions)]
+            clock = time.perf_counter()
+            out = env.step(responses)
+            step_s += time.perf_counter() - clock
+            states = [o if o is not None else s for s, o in zip(states, out)]
+            turns += 1
+        env.close()
+        results[workers] = {"reset_s": reset_s, "turn_s": step_s / max(turns, 1), "turns": turns}
+    print(f"\nALFWorld engine, {args.episodes} episodes (random admissible actions), {args.steps} turns at most")
+    print(f"  {'workers':>7s} {'reset (s)':>10s} {'per turn (s)':>13s}")
+    for workers, r in results.items():
+        print(f"  {workers:7d} {r['reset_s']:10.2f} {r['turn_s']:13.3f}")
+    ratio = {k: results[n][k] / results[1][k] for k in ("reset_s", "turn_s")}
+    print(f"  {n} workers / 1: reset {ratio['reset_s']:.2f}x, per turn {ratio['turn_s']:.2f}x")
+    return {"workers": n, "results": results, "ratio": ratio}
+
+
 def main(argv: list[str] | None = None) -> dict:
     import train
     from cli import parse_dataclass
     from rollout import load_policy
 
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
+    if args.env == "alfworld":
+        if args.policy != "random":
+            raise UserError("--env alfworld times the engine alone: pass --policy random")
+        results = bench_env(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+        return results
     algos = args.algos.split(",")
     if args.model == "qwen7b-shape":
         if not torch.cuda.is_available():

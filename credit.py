@@ -50,6 +50,7 @@ class CreditArgs:
     init_adapter: str | None = None  # warm start merged first; default: the shipped one for smollm2 on alfworld
     checkpoint: str | None = None  # score with a train.py run's policy instead (a run folder or checkpoint)
     data_dir: str | None = None  # env data folder; default: the shipped data
+    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     split: str = "train"  # tasks the episodes come from
     max_plan_len: int = 4  # only tasks whose expert plan has at most this many steps (0 = all)
     groups: int = 8  # tasks (groups) to play
@@ -247,7 +248,7 @@ def build_trainer(args: CreditArgs):
     """A train.Trainer with the settings of a training run, used for its rollout and scoring stages."""
     import train
 
-    flags = dict(env=args.env, preset="none", algo="sharpo", split=args.split, max_plan_len=args.max_plan_len,
+    flags = dict(env=args.env, preset="none", algo="sharpo", split=args.split, env_workers=args.env_workers, max_plan_len=args.max_plan_len,
                  groups=args.groups, group_size=args.group_size, max_steps=args.max_steps,
                  max_new_tokens=args.max_new_tokens, history=args.history, hindsight=args.hindsight,
                  mult_eps=args.mult_eps, kl_coef=0.0, eval_every=0, seed=args.seed, output_dir="runs/credit-unused")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from cli import UserError
-from envs import history_length, make_env
+from envs import history_length, make_env, resolve_workers
 
 
 @dataclass
@@ -44,6 +44,7 @@ class EvalArgs:
     max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     batch_size: int = 16  # episodes played in one batch
+    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     model: str | None = None  # model for --policy model without --checkpoint; default per device
     checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
     temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
@@ -152,7 +153,7 @@ def check_args(args: EvalArgs) -> None:
     from cli import check_domains
 
     problems = check_domains(args, positive=("batch_size", "max_new_tokens"),
-                             non_negative=("num_games", "max_steps", "temperature"))
+                             non_negative=("num_games", "max_steps", "temperature", "env_workers"))
     try:
         history_length(args.history)
     except ValueError as err:
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
         read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
     history_len = history_length(args.history)
     try:
-        env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
+        env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
+                       workers=resolve_workers(args.env_workers, args.batch_size))
         split = args.split or env.default_eval_split
         task_ids = pick_games(env, split, args.num_games)
     except (FileNotFoundError, ValueError) as err:

@@ -46,7 +46,7 @@ from advantage import (
     token_multipliers,
 )
 from cli import UserError
-from envs import history_length
+from envs import history_length, resolve_workers
 from segments import (
     Row,
     Trajectory,
@@ -72,6 +72,7 @@ class TrainArgs:
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
     init_adapter: str | None = None  # a LoRA adapter merged into the base first (warmstart.py output); none = no warm start
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
+    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     iterations: int = 100  # training iterations (one rollout batch each)
@@ -128,7 +129,8 @@ CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
-                     "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "resume", "output_dir", "preset")
+                     "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
+                     "output_dir", "preset")
 SPLITS = {"alfworld": ("train", "valid_seen", "valid_unseen", "valid_train"), "webshop": ("train", "test")}
 
 
@@ -205,7 +207,7 @@ def check_args(args: TrainArgs) -> None:
         positive=("iterations", "groups", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
                   "temperature", "ppo_clip", "grad_clip", "eval_games"),
-        non_negative=("max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
+        non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
                       "eval_every", "samples_per_iter", "min_new_tokens", "gigpo_omega"),
         finite=("lam", "mult_eps"),
     )
@@ -305,7 +307,8 @@ class Trainer:
         self.rng = random.Random(args.seed)  # task sampling
         torch.manual_seed(args.seed)
         ckpt = find_checkpoint(args.resume) if args.resume else None
-        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)  # data checked before the model loads
+        self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,  # data checked before the model loads
+                                   workers=resolve_workers(args.env_workers, args.groups * args.group_size))
         self.eval_env = None
         self.tasks = self._training_tasks()
         if model is None and ckpt is not None:  # the policy exactly as saved: base, warm start, adapter
@@ -344,8 +347,10 @@ class Trainer:
 
         it, t = self.iteration_done + 1, {}
         clock = time.perf_counter()
+        env_before, crashes_before = sum(self.env.seconds.values()), getattr(self.env, "crashes", 0)
         trajs, policy = self.rollout(it)  # 1. rollout
         t["rollout"], clock = time.perf_counter() - clock, time.perf_counter()
+        t["env"] = sum(self.env.seconds.values()) - env_before  # the env's share of the rollout
         crash_point("rollout")
         batch = self.make_rows(trajs)  # 2. segments
         t["segments"], clock = time.perf_counter() - clock, time.perf_counter()
@@ -366,6 +371,7 @@ class Trainer:
             metrics.update(gigpo_metrics(batch))
         metrics.update(update)
         metrics["rows"] = len(batch.rows)
+        metrics["env_crashes"] = getattr(self.env, "crashes", 0) - crashes_before
         metrics["tokens_generated"] = policy.tokens_generated
         metrics["tokens_per_s_generate"] = policy.tokens_generated / max(t["rollout"], 1e-9)
         metrics.update({f"seconds/{k}": v for k, v in t.items()})
@@ -553,7 +559,8 @@ class Trainer:
 
         args = self.args
         if self.eval_env is None:
-            self.eval_env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps)
+            self.eval_env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
+                                     workers=resolve_workers(args.env_workers, args.eval_games))
         split = args.eval_split or self.eval_env.default_eval_split
         games = pick_games(self.eval_env, split, args.eval_games)
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, temperature=0.0)
@@ -703,7 +710,7 @@ def progress_line(m: dict) -> str:
         parts.append(f"loss {m['update/loss']:+.4f}")
     if "eval/success" in m:
         parts.append(f"eval {m['eval/success']:.2f}")
-    parts.append(f"{sum(v for k, v in m.items() if k.startswith('seconds/')):.0f}s")
+    parts.append(f"{sum(v for k, v in m.items() if k.startswith('seconds/') and k != 'seconds/env'):.0f}s")
     return " | ".join(parts)
 
 

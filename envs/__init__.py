@@ -22,6 +22,7 @@ Interface (duck-typed; see envs/alfworld.py):
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -136,12 +137,17 @@ def history_length(value: str) -> int | None:
     return int(value)
 
 
-def make_env(name: str, data_dir=None, max_steps: int = 0, **kwargs):
+def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **kwargs):
     """Build an env by name (max_steps 0 = the env's own default); env packages are imported
-    only when asked for."""
+    only when asked for. workers > 1 runs ALFWorld's episodes in that many processes
+    (envs/workers.py); WebShop always runs in-process (a step takes ~0.05 ms)."""
     kwargs["data_dir"] = data_dir
     if max_steps > 0:
         kwargs["max_steps"] = max_steps
+    if name == "alfworld" and workers > 1:
+        from envs.workers import WorkerEnv
+
+        return WorkerEnv(name, workers, **kwargs)
     if name == "alfworld":
         from envs.alfworld import AlfWorldEnv
 
@@ -151,3 +157,10 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, **kwargs):
 
         return WebShopEnv(**kwargs)
     raise ValueError(f"unknown env {name!r}: choose 'alfworld' or 'webshop'")
+
+
+def resolve_workers(flag: int, batch: int) -> int:
+    """--env-workers: 0 = the CPU cores, capped by the batch (episodes played at once); else the flag."""
+    if flag > 0:
+        return flag
+    return max(1, min(os.cpu_count() or 1, batch))

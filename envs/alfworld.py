@@ -241,26 +241,27 @@ class AlfWorldEnv:
 
     # -- episodes
     def reset(self, task_ids: list[str]) -> list[EnvStep]:
+        t0 = time.perf_counter()
         self._release()
         out = []
         for task_id in task_ids:
             gamefile = self.gamefile(task_id)
             pool = self._engines.setdefault(gamefile, [])
             engine = pool.pop() if pool else _engine(gamefile, self.max_steps + 10)
-            t0 = time.perf_counter()
             obs, info = engine.reset()
-            self.seconds["reset"] += time.perf_counter() - t0
-            self.counts["reset"] += 1
             text, admissible, won, expert = _unbatch(obs, info)
             match = _TASK.search(text)
             task = match.group(1).strip().rstrip(".") if match else ""
             state = EnvStep(text, admissible, 0.0, False, won, False, task, self.task_type(task_id), expert)
             self._episodes.append(dict(engine=engine, gamefile=gamefile, state=state, steps=0))
             out.append(state)
+        self.seconds["reset"] += time.perf_counter() - t0  # wall time of the call: what a rollout waits for
+        self.counts["reset"] += len(task_ids)
         return out
 
     def step(self, responses: list[str | None]) -> list[EnvStep | None]:
         check_responses(responses, [ep["state"].done for ep in self._episodes])
+        t0 = time.perf_counter()
         out: list[EnvStep | None] = []
         for ep, text in zip(self._episodes, responses):
             prev: EnvStep = ep["state"]
@@ -273,10 +274,7 @@ class AlfWorldEnv:
                 obs, admissible, won, expert = f"Invalid action ({why}). Nothing happens.", prev.admissible, False, prev.expert_action
                 reward = -INVALID_PENALTY
             else:
-                t0 = time.perf_counter()
                 raw_obs, _, _, info = ep["engine"].step([action])
-                self.seconds["step"] += time.perf_counter() - t0
-                self.counts["step"] += 1
                 obs, admissible, won, expert = _unbatch(raw_obs, info)
                 reward = WIN_REWARD if won else 0.0
             done = won or ep["steps"] >= self.max_steps
@@ -284,6 +282,8 @@ class AlfWorldEnv:
                             expert, action, {"invalid_reason": why} if why else {})
             ep["state"] = state
             out.append(state)
+        self.seconds["step"] += time.perf_counter() - t0
+        self.counts["step"] += sum(r is not None for r in responses)
         return out
 
     def _release(self) -> None:

@@ -1,0 +1,177 @@
+"""Workers: play a batched env's episodes in N worker processes, behind the same interface.
+
+ALFWorld's engine is pure Python and steps one episode at a time; at the paper's batch
+(16 groups x 8 = 128 episodes, up to 50 turns) the engine, not the model, would set the pace.
+`WorkerEnv` splits the batch into N contiguous slices (so the G copies of one game mostly stay
+in one worker, which keeps its pool of engines per game) and sends each worker process its
+slice; `reset(task_ids)` and `step(responses)` send all slices first and then gather the
+answers in episode order, so the workers run at the same time. Everything else (tasks, task
+types, expert plans, prompts) is answered by an in-process copy of the env, which plays no
+episode. rollout.py does not know the difference.
+
+A worker that dies (the engine crashing the process, a kill) is reported on stderr with the
+game files it held and started anew; its episodes end there as failed episodes (done, not
+won, reward 0, info["env_crash"] = True), counted in `crashes`, and the run goes on.
+
+`seconds` counts wall time in reset/step as seen from the training process (what the GPU
+waits for); the workers' own engine time is `worker_seconds`.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import time
+
+from envs import EnvStep, check_responses
+
+
+def _serve(conn, name: str, kwargs: dict) -> None:
+    """A worker's loop: build the env, then answer reset / step / close until told to stop."""
+    from envs import make_env
+
+    env = make_env(name, **kwargs)
+    while True:
+        command, payload = conn.recv()
+        if command == "reset":
+            conn.send((env.reset(payload), dict(env.seconds)))
+        elif command == "step":
+            conn.send((env.step(payload), dict(env.seconds)))
+        elif command == "close":
+            env.close()
+            conn.send(None)
+            return
+
+
+class WorkerEnv:
+    """A batched env whose episodes run in `workers` processes (see the module docstring)."""
+
+    def __init__(self, name: str, workers: int, **kwargs):
+        from envs import make_env
+
+        self.local = make_env(name, **kwargs)  # answers everything but reset/step; plays no episode
+        self.name, self.max_steps, self.default_eval_split = name, self.local.max_steps, self.local.default_eval_split
+        self._env_name, self._kwargs, self.n = name, kwargs, workers
+        self._ctx = mp.get_context("spawn")  # a fresh interpreter: no torch threads or model state forked
+        self._procs: list = [None] * workers
+        self._conns: list = [None] * workers
+        for k in range(workers):
+            self._start(k)
+        self._slices: list[range] = []
+        self._task_ids: list[str] = []
+        self._dead: set[int] = set()  # workers whose episodes ended in a crash (until the next reset)
+        self.seconds = {"reset": 0.0, "step": 0.0}  # wall time seen from this process
+        self.counts = {"reset": 0, "step": 0}
+        self.worker_seconds = [{"reset": 0.0, "step": 0.0} for _ in range(workers)]
+        self.crashes = 0
+
+    # -- what the in-process copy answers
+    def tasks(self, split):
+        return self.local.tasks(split)
+
+    def task_type(self, task_id):
+        return self.local.task_type(task_id)
+
+    def expert_plan(self, task_id):
+        return self.local.expert_plan(task_id)
+
+    def build_messages(self, state, history, history_len):
+        return self.local.build_messages(state, history, history_len)
+
+    def gamefile(self, task_id):
+        return self.local.gamefile(task_id)
+
+    # -- workers
+    def _start(self, k: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child, self._env_name, self._kwargs), daemon=True)
+        proc.start()
+        child.close()
+        self._procs[k], self._conns[k] = proc, parent
+
+    def _crashed(self, k: int, why: str) -> None:
+        games = sorted({self.local.gamefile(self._task_ids[j]) for j in self._slices[k]})
+        print(f"warning: env worker {k} died ({why}) holding {', '.join(games)}; its episodes end as failed, "
+              "and the worker is started again", file=sys.stderr)
+        self.crashes += 1
+        self._dead.add(k)
+        if self._procs[k].is_alive():
+            self._procs[k].kill()
+        self._procs[k].join(timeout=5)
+        self._start(k)
+
+    def _call(self, command: str, payloads: dict[int, list]) -> dict[int, list | None]:
+        """Send each worker its payload, then gather; a worker that died answers None."""
+        sent = {}
+        for k, payload in payloads.items():
+            try:
+                self._conns[k].send((command, payload))
+                sent[k] = True
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as err:
+                self._crashed(k, type(err).__name__)
+        out: dict[int, list | None] = {}
+        for k in payloads:
+            if k not in sent:
+                out[k] = None
+                continue
+            try:
+                answer, seconds = self._conns[k].recv()
+                self.worker_seconds[k] = seconds
+                out[k] = answer
+            except (EOFError, ConnectionResetError, OSError) as err:
+                self._crashed(k, f"{type(err).__name__}, exit code {self._procs[k].exitcode}")
+                out[k] = None
+        return out
+
+    def _failed(self, j: int, reset: bool) -> EnvStep:
+        task_id = self._task_ids[j]
+        return EnvStep("The environment crashed; the episode ends.", [], 0.0, True, False, False, "",
+                       self.local.task_type(task_id), None, None, {"env_crash": True, **({"score": 0.0} if not reset else {})})
+
+    # -- episodes
+    def reset(self, task_ids: list[str]) -> list[EnvStep]:
+        t0 = time.perf_counter()
+        B = len(task_ids)
+        self._task_ids = list(task_ids)
+        self._slices = [range(k * B // self.n, (k + 1) * B // self.n) for k in range(self.n)]
+        self._dead = set()
+        answers = self._call("reset", {k: [task_ids[j] for j in s] for k, s in enumerate(self._slices) if len(s)})
+        out: list[EnvStep] = []
+        for k, s in enumerate(self._slices):
+            if len(s):
+                out += answers[k] if answers[k] is not None else [self._failed(j, True) for j in s]
+        self._done = [state.done for state in out]
+        self.seconds["reset"] += time.perf_counter() - t0
+        self.counts["reset"] += B
+        return out
+
+    def step(self, responses: list[str | None]) -> list[EnvStep | None]:
+        check_responses(responses, self._done)
+        t0 = time.perf_counter()
+        live = {k: [responses[j] for j in s] for k, s in enumerate(self._slices)
+                if len(s) and k not in self._dead and any(responses[j] is not None for j in s)}
+        answers = self._call("step", live)
+        out: list[EnvStep | None] = [None] * len(responses)
+        for k, s in enumerate(self._slices):
+            for i, j in enumerate(s):
+                if responses[j] is None:
+                    continue
+                if k in live and answers[k] is not None:
+                    out[j] = answers[k][i]
+                else:
+                    out[j] = self._failed(j, False)
+                self._done[j] = out[j].done
+        self.seconds["step"] += time.perf_counter() - t0
+        self.counts["step"] += sum(r is not None for r in responses)
+        return out
+
+    def close(self) -> None:
+        for k, conn in enumerate(self._conns):
+            try:
+                conn.send(("close", None))
+                conn.recv()
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                pass
+            self._procs[k].join(timeout=10)
+            if self._procs[k].is_alive():
+                self._procs[k].kill()
+        self.local.close()

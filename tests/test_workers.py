@@ -1,0 +1,62 @@
+"""ALFWorld episodes in worker processes (envs/workers.py): the same trajectories as in-process,
+a dead worker ends its episodes as failures and is replaced, --env-workers 1 is today's path."""
+import os
+import signal
+
+from envs import make_env, resolve_workers
+from envs.alfworld import AlfWorldEnv
+from envs.webshop import WebShopEnv
+from envs.workers import WorkerEnv
+from eval import RandomPolicy
+from rollout import play_episodes
+
+
+def _play(env, tasks):
+    trajs = play_episodes(env, tasks, RandomPolicy(3), history_len=2)
+    return [[(s.messages[0]["content"], s.action, s.reward, s.anchor) for s in t.steps] + [t.won] for t in trajs]
+
+
+def test_two_workers_play_exactly_the_in_process_episodes():
+    """A seeded random policy over 2 games x 3 episodes (split unevenly over the workers): the
+    prompts, actions, rewards and outcomes are identical with 1 and with 2 workers, and again
+    on a second batch (engines reused from the workers' pools)."""
+    local = make_env("alfworld", max_steps=4, workers=1)
+    assert isinstance(local, AlfWorldEnv)
+    tasks = [t for t in local.tasks("train")[:2] for _ in range(3)]
+    parallel = make_env("alfworld", max_steps=4, workers=2)
+    assert isinstance(parallel, WorkerEnv)
+    try:
+        for _ in range(2):
+            assert _play(parallel, tasks) == _play(local, tasks)
+        assert parallel.counts["reset"] == 12 and parallel.crashes == 0
+    finally:
+        parallel.close()
+        local.close()
+
+
+def test_a_dead_worker_ends_its_episodes_and_is_replaced(capsys):
+    env = WorkerEnv("alfworld", 2, max_steps=3)
+    try:
+        tasks = env.tasks("train")[:2]
+        states = env.reset([tasks[0], tasks[0], tasks[1], tasks[1]])
+        os.kill(env._procs[1].pid, signal.SIGKILL)  # the worker holding episodes 2 and 3
+        env._procs[1].join(timeout=10)
+        answers = env.step(["<think>x</think><action>look</action>"] * 4)
+        assert [a.done for a in answers] == [False, False, True, True]
+        assert answers[2].info["env_crash"] and not answers[2].won and answers[2].reward == 0.0
+        assert env.crashes == 1
+        err = capsys.readouterr().err
+        assert "worker 1 died" in err and env.gamefile(tasks[1]) in err
+        assert env.step(["<think>x</think><action>look</action>"] * 2 + [None, None])[2] is None
+        states = env.reset([tasks[1]] * 4)  # the replacement worker plays the next batch
+        assert len(states) == 4 and not any(s.done for s in states)
+        assert all(a is not None for a in env.step(["<think>x</think><action>look</action>"] * 4))
+    finally:
+        env.close()
+
+
+def test_worker_counts_and_webshop_in_process():
+    """0 = the CPU cores capped by the batch; WebShop ignores workers (a step is ~0.05 ms)."""
+    assert resolve_workers(0, 1) == 1 and resolve_workers(3, 1) == 3
+    assert resolve_workers(0, 1000) == (os.cpu_count() or 1)
+    assert isinstance(make_env("webshop", workers=4), WebShopEnv)
