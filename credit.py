@@ -20,7 +20,7 @@ Only steps of trajectories that have hindsight and A != 0 are labelled (elsewher
 teacher method gives 1). Output in --out: credit.json, roc.png and the table on stdout.
 
 Run: python credit.py --env alfworld        (CPU: the embedded SmolLM2 with the warm start)
-     python credit.py --env alfworld --model Qwen/Qwen2.5-7B-Instruct --groups 16 --group-size 8 --max-steps 50
+     python credit.py --env alfworld --model Qwen/Qwen2.5-7B-Instruct --data-dir DIR --max-plan-len 0 --groups 16 --group-size 8 --max-steps 50 --max-new-tokens 256
 """
 from __future__ import annotations
 

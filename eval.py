@@ -15,7 +15,7 @@ Metrics (printed as a table and written as JSON):
   invalid_rate      invalid actions / all steps
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
 
-Run: python eval.py --env alfworld --policy expert --split valid_seen --num-games 40
+Run: python eval.py --env alfworld --policy expert            (the shipped games; --data-dir DIR --split valid_seen for real ones)
      python eval.py --env webshop --policy random
 """
 from __future__ import annotations

@@ -182,6 +182,9 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(argv) != 1 or argv[0].startswith("-"):
         raise UserError("usage: python plots.py RUN_DIR")
     for p in make_plots(argv[0]).values():
