@@ -183,6 +183,10 @@ def resume_args(given: dict) -> TrainArgs:
 
     ckpt = find_checkpoint(given["resume"])
     run_dir = run_dir_of(ckpt)
+    newest = find_checkpoint(run_dir) if run_dir != ckpt else ckpt
+    if newest != ckpt:
+        raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
+                        f"{newest.name}; resume the run folder, or copy {ckpt.name} into a new run folder to branch")
     saved = read_config(ckpt)
     if "output_dir" in given and Path(given["output_dir"]).resolve() != run_dir.resolve():
         raise UserError(f"--resume continues {run_dir} in that folder; drop --output-dir (or pass {run_dir})")
@@ -573,8 +577,11 @@ class Trainer:
         """A complete numbered checkpoint, then the `latest` pointer (checkpoint.py)."""
         from checkpoint import rng_state, save_checkpoint
 
-        return save_checkpoint(self.out, self.iteration_done, self.model, self.optimizer, rng_state(self.rng),
-                               asdict(self.args), self.warmstart, self.args.keep_checkpoints)
+        final = save_checkpoint(self.out, self.iteration_done, self.model, self.optimizer, rng_state(self.rng),
+                                asdict(self.args), self.warmstart, self.args.keep_checkpoints)
+        if self.warmstart is not None:
+            self.warmstart = final / "warmstart"  # the newest copy: older checkpoints may be pruned
+        return final
 
     def close(self) -> None:
         self.env.close()

@@ -149,6 +149,27 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_n(tmp_path):
     assert checkpoint.find_checkpoint(out / "checkpoints" / "iter-000001").name == "iter-000001"
 
 
+def test_resuming_a_warm_started_run_past_pruned_checkpoints(tmp_path):
+    """With a warm start, each checkpoint carries its copy; a resumed run keeps saving after the
+    checkpoint it was resumed from has been pruned (keep 2, 4 iterations)."""
+    from rollout import load_policy
+
+    warm, _ = load_policy("tiny", lora_r=2, lora_alpha=4, seed=5)
+    warm.save_pretrained(tmp_path / "warm")
+    out = tmp_path / "run"
+    _run(_args(out, iterations=1, init_adapter=str(tmp_path / "warm")))
+    _run(train.parse_args(["--resume", str(out), "--iterations", "4"]))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter-000003", "iter-000004"]
+    assert (out / "latest" / "warmstart" / "adapter_model.safetensors").exists()
+
+
+def test_resuming_an_older_checkpoint_is_refused_while_newer_ones_exist(tmp_path):
+    out = tmp_path / "run"
+    _run(_args(out, iterations=2))
+    with pytest.raises(UserError, match="iter-000002"):
+        train.parse_args(["--resume", str(out / "checkpoints" / "iter-000001")])
+
+
 # ----------------------------------------------------------------------------- 3. data checked at load
 def _copy_alfworld(tmp_path) -> Path:
     shutil.copytree(ALFWORLD_DATA, tmp_path / "alf")
