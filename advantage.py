@@ -177,14 +177,6 @@ def anchor_groups(group_ids: list[int], anchors: list[str]) -> torch.Tensor:
     return torch.tensor([index.setdefault((g, a), len(index)) for g, a in zip(group_ids, anchors)])  # (B,)
 
 
-def step_group_stats(step_groups: torch.Tensor) -> dict:
-    """How much step-level signal there is: the share of steps in a step group of size >= 2,
-    and the mean size of the step groups."""
-    _, inverse, counts = torch.unique(step_groups, return_inverse=True, return_counts=True)
-    return {"step_group_share": float((counts[inverse] >= 2).float().mean()),
-            "step_group_size": float(counts.float().mean())}
-
-
 def gigpo_token_advantages(
     adv: torch.Tensor, step_adv: torch.Tensor, segment_ids: torch.Tensor, omega: float = 1.0
 ) -> torch.Tensor:

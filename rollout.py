@@ -151,7 +151,7 @@ def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
     """Say clearly, before loading, when the weights alone will not fit the device."""
     need = estimate_weight_bytes(name, load_in_4bit)
     if device.startswith("cuda"):
-        free = torch.cuda.mem_get_info()[0]
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
         where = "free GPU memory"
     else:
         import psutil

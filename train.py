@@ -22,6 +22,7 @@ Run: python train.py --env alfworld            (the CPU demo preset when no GPU 
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 import sys
@@ -42,7 +43,6 @@ from advantage import (
     policy_loss,
     segment_multipliers,
     sharpo_token_advantages,
-    step_group_stats,
     token_multipliers,
 )
 from cli import UserError
@@ -298,14 +298,68 @@ class RowBatch:
     step_groups: torch.Tensor | None = None  # (B,) GiGPO: step-group id of each row (same group, same anchor state)
 
 
+class DataParallel:
+    """[distributed] N processes train one policy (`torchrun` / `accelerate launch`); in a plain
+    `python train.py` N = 1 and every method is a no-op, so the teaching path is unchanged.
+
+    Each process plays whole groups (GRPO statistics stay local), builds and scores its rows;
+    the token-mean denominator and the LoRA gradients are summed over processes, so N
+    processes take the same optimizer step as one process over all the rows; metrics are
+    gathered; the main process alone writes logs and checkpoints."""
+
+    def __init__(self):
+        self.world, self.rank, self.device = int(os.environ.get("WORLD_SIZE", "1")), 0, None
+        if self.world > 1:
+            from accelerate import PartialState  # starts the process group (gloo on CPU, nccl on GPUs)
+
+            from datetime import timedelta
+
+            # a long timeout: the other processes wait while the main one evaluates and saves
+            state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=3))
+            self.world, self.rank, self.device = state.num_processes, state.process_index, str(state.device)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        x = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(x)
+        return float(x)
+
+    def sum_grads(self, params: list) -> None:
+        """Sum each LoRA gradient over processes (each is already divided by the global token count)."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+
+    def gather(self, items: list) -> list:
+        """Every process's list, concatenated in process order."""
+        if self.world == 1:
+            return items
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, items)
+        return [x for part in out for x in part]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
 class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
 
-    def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None):
+    def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None, dist: DataParallel | None = None):
         from checkpoint import find_checkpoint, load_checkpoint_policy, load_optimizer_state, read_iteration, restore_rng
         from envs import make_env
         from rollout import load_policy
 
+        self.dist = dist or DataParallel()  # [distributed] world 1 in a plain run
         self.args = args
         self.out = Path(args.output_dir)
         self.rng = random.Random(args.seed)  # task sampling
@@ -316,11 +370,13 @@ class Trainer:
         self.eval_env = None
         self.tasks = self._training_tasks()
         if model is None and ckpt is not None:  # the policy exactly as saved: base, warm start, adapter
-            model, tokenizer = load_checkpoint_policy(ckpt, gradient_checkpointing=args.gradient_checkpointing)
+            model, tokenizer = load_checkpoint_policy(ckpt, device=self.dist.device,
+                                                      gradient_checkpointing=args.gradient_checkpointing)
         elif model is None:
             model, tokenizer = load_policy(
-                args.model, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
-                init_adapter=args.init_adapter, gradient_checkpointing=args.gradient_checkpointing, seed=args.seed,
+                args.model, device=self.dist.device, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,
+                lora_alpha=args.lora_alpha, init_adapter=args.init_adapter,
+                gradient_checkpointing=args.gradient_checkpointing, seed=args.seed,
             )
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = tokenizer.pad_token_id
@@ -335,6 +391,8 @@ class Trainer:
             self.optimizer.load_state_dict(load_optimizer_state(ckpt))
             restore_rng(ckpt, self.rng)
             self.iteration_done = read_iteration(ckpt)
+        if self.dist.rank:  # [distributed] the same tasks (self.rng) everywhere, other samples per process
+            torch.manual_seed(args.seed + 100_003 * self.dist.rank + self.iteration_done)
 
     def _training_tasks(self) -> list[str]:
         tasks = self.env.tasks(self.args.split)
@@ -368,16 +426,18 @@ class Trainer:
         t["update"] = time.perf_counter() - clock
         crash_point("update")
         self.iteration_done = it  # 6. log (the caller writes it and checkpoints)
-        metrics = {"iteration": it, **rollout_metrics(trajs, batch.group_ids)}
+        all_trajs = self.dist.gather(trajs)  # [distributed] metrics over every process's episodes
+        metrics = {"iteration": it, **rollout_metrics(all_trajs, [traj.group for traj in all_trajs])}
         if self.needs_teacher:
-            metrics.update(teacher_metrics(batch, self.args.algo, self.args.mult_eps))
+            metrics.update(teacher_metrics(batch, self.args.algo, self.args.mult_eps, self.dist.gather))
         if self.args.algo == "gigpo":
-            metrics.update(gigpo_metrics(batch))
+            metrics.update(gigpo_metrics(batch, self.dist.gather))
         metrics.update(update)
-        metrics["rows"] = len(batch.rows)
-        metrics["env_crashes"] = getattr(self.env, "crashes", 0) - crashes_before
-        metrics["tokens_generated"] = policy.tokens_generated
-        metrics["tokens_per_s_generate"] = policy.tokens_generated / max(t["rollout"], 1e-9)
+        metrics["rows"] = int(self.dist.sum(len(batch.rows)))
+        metrics["env_crashes"] = int(self.dist.sum(getattr(self.env, "crashes", 0) - crashes_before))
+        metrics["tokens_generated"] = int(self.dist.sum(policy.tokens_generated))
+        metrics["tokens_per_s_generate"] = metrics["tokens_generated"] / max(t["rollout"], 1e-9)
+        metrics["processes"] = self.dist.world
         metrics.update({f"seconds/{k}": v for k, v in t.items()})
         metrics["peak_memory_gb"] = peak_memory_gb()
         return metrics, sample_records(batch, self.tokenizer, self.args.samples_per_iter, it)
@@ -393,8 +453,9 @@ class Trainer:
 
         args = self.args
         chosen = self.draw_tasks(args.groups)
-        task_ids = [task for task in chosen for _ in range(args.group_size)]
-        group_ids = [g for g in range(args.groups) for _ in range(args.group_size)]
+        mine = range(self.dist.rank, args.groups, self.dist.world)  # [distributed] whole groups per process
+        task_ids = [chosen[g] for g in mine for _ in range(args.group_size)]
+        group_ids = [g for g in mine for _ in range(args.group_size)]
         policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
         trajs = play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout")
         return trajs, policy
@@ -504,18 +565,21 @@ class Trainer:
         B = len(rows)
         sums, steps_taken, skipped = defaultdict(float), 0, 0
         sdar_mask = has_hindsight[:, None] & trained  # (B, T) trained tokens of rows with hindsight
-        order_rng = torch.Generator().manual_seed(args.seed * 100003 + self.iteration_done)
+        stat_keys = ["pg_loss", "clip_frac", "approx_kl_old", "loss"] + (["kl_ref"] if args.kl_coef > 0 else []) \
+            + (["sdar_loss"] if settings["sdar_coef"] > 0 else [])
+        order_rng = torch.Generator().manual_seed(args.seed * 100003 + self.iteration_done + 7919 * self.dist.rank)
         bar = tqdm(total=args.ppo_epochs * args.minibatches, desc=f"iter {self.iteration_done + 1} update", leave=False)
         for _ in range(args.ppo_epochs):
             perm = torch.randperm(B, generator=order_rng).tolist()
             for m in range(args.minibatches):
                 idx = perm[m * B // args.minibatches : (m + 1) * B // args.minibatches]
-                if not idx:
+                # the minibatch's trained tokens (over all processes): the token-mean denominator
+                n_tokens = int(self.dist.sum(int(trained[idx].sum()) if idx else 0))
+                n_sdar = int(self.dist.sum(int(sdar_mask[idx].sum()) if idx else 0))  # the SDAR term's own denominator
+                if n_tokens == 0:
                     continue
-                n_tokens = int(trained[idx].sum())  # the minibatch's trained tokens: the token-mean denominator
-                n_sdar = int(sdar_mask[idx].sum())  # the SDAR term's own denominator
                 self.optimizer.zero_grad(set_to_none=True)
-                finite, mb_stats = True, defaultdict(float)
+                finite, mb_stats = True, dict.fromkeys(stat_keys, 0.0)
                 for s in range(0, len(idx), args.micro_batch_rows):
                     part = idx[s : s + args.micro_batch_rows]
                     batch = {k: v.to(device) for k, v in collate_rows([rows[i] for i in part], self.pad_id).items()}
@@ -534,7 +598,10 @@ class Trainer:
                     loss.backward()
                     for k, v in stats.items():
                         mb_stats[k] += float(v)  # each is already divided by the minibatch count: sums add up
+                finite = self.dist.sum(0.0 if finite else 1.0) == 0  # [distributed] skip together
                 if finite:
+                    self.dist.sum_grads(self.params)  # [distributed] sum of per-process token-mean pieces
+                    mb_stats = {k: self.dist.sum(v) for k, v in mb_stats.items()}
                     norm = torch.nn.utils.clip_grad_norm_(self.params, args.grad_clip)
                     if torch.isfinite(norm):
                         self.optimizer.step()
@@ -603,39 +670,49 @@ def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
     return out
 
 
-def teacher_metrics(batch: RowBatch, algo: str, eps: float) -> dict:
+def _same(items: list) -> list:
+    return items
+
+
+def teacher_metrics(batch: RowBatch, algo: str, eps: float, gather=_same) -> dict:
     """What the teacher found and what --algo applied of it.
 
     gap_mean, gap_abs_mean: the segment gap g over rows with hindsight (every teacher algo).
     mult_mean, mult_std, mult_at_bound: the multiplier the algorithm really applies, over the
     units it applies it to, where it can differ from 1 (hindsight and A != 0): segments for
-    sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none."""
+    sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none.
+    gather: combines the values of every process ([distributed]; the identity in a plain run)."""
     hind, adv = batch.has_hindsight, batch.adv_row  # (B,), (B,)
-    out = {"hindsight_share": float(hind.float().mean())}
-    if hind.any():
-        g = batch.gaps[hind]
-        out.update({"gap_mean": float(g.mean()), "gap_abs_mean": float(g.abs().mean())})
     sel = hind & (adv != 0)  # (B,) rows whose multiplier can differ from 1
-    out["segments_scored"] = int(sel.sum())
     if algo in ("sharpo", "stepopsd"):
         m = batch.mults[sel]  # (n,) one per segment
     elif algo == "rlsd":
         m = batch.token_mults[sel][batch.segment_ids[sel] >= 0]  # (n,) one per trained token
     else:
-        return out
-    if m.numel():
+        m = torch.zeros(0)
+    hind_all = torch.tensor(gather(hind.tolist()), dtype=torch.bool)  # (B_all,)
+    g = torch.tensor(gather(batch.gaps[hind].tolist()))  # (n_hind,)
+    m = torch.tensor(gather(m.tolist()))  # (n,)
+    out = {"hindsight_share": float(hind_all.float().mean()), "segments_scored": sum(gather([int(sel.sum())]))}
+    if g.numel():
+        out.update({"gap_mean": float(g.mean()), "gap_abs_mean": float(g.abs().mean())})
+    if algo in ("sharpo", "stepopsd", "rlsd") and m.numel():
         at_bound = ((m <= 1 - eps + 1e-6) | (m >= 1 + eps - 1e-6)).float()
         out.update({"mult_mean": float(m.mean()), "mult_std": float(m.std()) if m.numel() > 1 else 0.0,
                     "mult_at_bound": float(at_bound.mean())})
     return out
 
 
-def gigpo_metrics(batch: RowBatch) -> dict:
+def gigpo_metrics(batch: RowBatch, gather=_same) -> dict:
     """How much step-level signal GiGPO found: the share of steps in a step group of size >= 2,
     the mean step-group size, and the spread (std) of the step advantage."""
-    stats = step_group_stats(batch.step_groups)
-    return {"gigpo/step_group_share": stats["step_group_share"], "gigpo/step_group_size": stats["step_group_size"],
-            "gigpo/step_adv_std": float(batch.step_adv.std()) if batch.step_adv.numel() > 1 else 0.0}
+    _, inverse, counts = torch.unique(batch.step_groups, return_inverse=True, return_counts=True)
+    row_sizes = torch.tensor(gather(counts[inverse].tolist()))  # (B_all,) size of each row's step group
+    group_sizes = torch.tensor(gather(counts.tolist()), dtype=torch.float)  # (groups_all,)
+    step_adv = torch.tensor(gather(batch.step_adv.tolist()))  # (B_all,)
+    return {"gigpo/step_group_share": float((row_sizes >= 2).float().mean()),
+            "gigpo/step_group_size": float(group_sizes.mean()),
+            "gigpo/step_adv_std": float(step_adv.std()) if step_adv.numel() > 1 else 0.0}
 
 
 def peak_memory_gb() -> float:
@@ -680,29 +757,34 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     from checkpoint import append_jsonl, crash_point, trim_log, write_atomic
 
     out = Path(args.output_dir)
+    dist = trainer.dist if trainer else DataParallel()
     if not args.resume and any((out / name).exists() for name in ("checkpoints", "metrics.jsonl", "config.json")):
         raise UserError(f"{out} already holds a run; continue it with `python train.py --resume {out}`, "
                         "or choose another --output-dir")
-    trainer = trainer or Trainer(args)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "config.json", json.dumps(asdict(args), indent=1))
+    dist.barrier()  # [distributed] every process has looked before the main one writes
+    trainer = trainer or Trainer(args, dist=dist)
     metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"
-    trim_log(metrics_path, trainer.iteration_done)
-    trim_log(samples_path, trainer.iteration_done)
+    if dist.main:  # [distributed] one writer
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "config.json", json.dumps(asdict(args), indent=1))
+        trim_log(metrics_path, trainer.iteration_done)
+        trim_log(samples_path, trainer.iteration_done)
     history = []
     while trainer.iteration_done < args.iterations:
         metrics, samples = trainer.iteration()
         it = trainer.iteration_done
-        if args.eval_every and it % args.eval_every == 0:
+        if args.eval_every and it % args.eval_every == 0 and dist.main:
             metrics.update(trainer.evaluate())
-        crash_point("iteration done")
-        append_jsonl(metrics_path, [metrics])
-        crash_point("metrics logged")
-        append_jsonl(samples_path, samples)
-        crash_point("samples logged")
-        if it % args.save_every == 0 or it == args.iterations:
-            trainer.save()
-        print(progress_line(metrics), flush=True)
+        if dist.main:
+            crash_point("iteration done")
+            append_jsonl(metrics_path, [metrics])
+            crash_point("metrics logged")
+            append_jsonl(samples_path, samples)
+            crash_point("samples logged")
+            if it % args.save_every == 0 or it == args.iterations:
+                trainer.save()
+            print(progress_line(metrics), flush=True)
+        dist.barrier()
         history.append(metrics)
     trainer.close()
     return history

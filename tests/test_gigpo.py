@@ -1,5 +1,7 @@
 """GiGPO (--algo gigpo, METHOD.md section 6): step returns, anchor-state groups, the step
 advantage and the token advantage, checked on a group worked out by hand; and in the loop."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,7 +11,6 @@ from advantage import (
     discounted_returns,
     gigpo_token_advantages,
     grpo_advantages,
-    step_group_stats,
 )
 from rollout import load_policy
 from stub_env import StubEnv
@@ -46,8 +47,8 @@ def test_returns_groups_and_step_advantages_by_hand():
     seg = torch.tensor([[0, 0, -1]] * 8)  # (B, T) two response tokens, then padding
     tok = gigpo_token_advantages(adv_row, step_adv, seg, omega=1.0)
     assert tok[0, 0].item() == pytest.approx(2.309185, abs=1e-5) and tok[0, 1] == tok[0, 0] and tok[0, 2] == 0
-    stats = step_group_stats(groups)
-    assert stats["step_group_share"] == pytest.approx(6 / 8) and stats["step_group_size"] == pytest.approx(2.0)
+    stats = train.gigpo_metrics(SimpleNamespace(step_groups=groups, step_adv=step_adv))
+    assert stats["gigpo/step_group_share"] == pytest.approx(6 / 8) and stats["gigpo/step_group_size"] == pytest.approx(2.0)
 
 
 def test_mean_norm_gamma_zero_and_omega_zero():
