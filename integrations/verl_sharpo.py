@@ -1,0 +1,87 @@
+"""SHARPO's token advantages for verl users: from a verl `DataProto`, through advantage.py.
+
+Optional: needs `pip install verl==0.9.1` (in its own environment: verl 0.9.1 pins
+transformers < 5.11, this repository uses 5.24). Nothing here re-implements the method: the
+batch is read into the (B, T) tensors advantage.py takes, and advantage.py does the math.
+
+Two layouts, as verl users have them:
+  - "per_step" (verl-agent): one sample per environment step. non_tensor_batch["uid"] is the
+    group, non_tensor_batch["traj_uid"] the trajectory; the sample's response is one segment.
+    Every step sample of a trajectory carries the episode reward in token_level_rewards (as
+    verl-agent's GRPO reads it): R_i is taken once per trajectory, and samples of one
+    trajectory that disagree are an error.
+  - "per_trajectory" (verl's multi-turn agent loop): one sample per trajectory; each contiguous
+    run of response_mask == 1 is one segment (the environment's tokens between them are 0 in
+    the mask); R_i = token_level_rewards summed over the sample.
+The caller fills batch[teacher_key] with the teacher's log-probs of the response tokens: the
+same policy run on the same responses with the hindsight block in the prompt
+(`hindsight_messages` builds that prompt from the chat messages). batch[student_key] holds
+the student's (verl's old_log_probs). Returns Ahat (B, T_response), 0 outside segments.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # advantage.py, segments.py
+
+from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
+from segments import add_hindsight, format_plan  # noqa: E402
+
+
+def runs_of_ones(response_mask: torch.Tensor) -> torch.Tensor:
+    """Segment ids from a response mask: the k-th contiguous run of 1s in a row is segment k
+    (0, 1, ...); positions where the mask is 0 are -1. (B, T) -> (B, T) long."""
+    mask = response_mask.bool()  # (B, T)
+    previous = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)  # (B, T) the mask one step left
+    starts = mask & ~previous  # (B, T) True where a run of 1s begins
+    ids = starts.long().cumsum(dim=1) - 1  # (B, T) run index, counted from 0
+    return torch.where(mask, ids, torch.full_like(ids, -1))  # (B, T)
+
+
+def _labels(values) -> torch.Tensor:
+    """Any hashable labels (numpy object arrays of uid strings) -> (N,) long ids."""
+    index: dict = {}
+    return torch.tensor([index.setdefault(v, len(index)) for v in np.asarray(values).tolist()])
+
+
+def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, clip_eps: float = 0.2,
+                      shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
+                      student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
+                      mask_key: str = "response_mask") -> torch.Tensor:
+    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, clip_eps, shape and
+    granularity as in advantage.sharpo_token_advantages (shape="sigmoid": StepOPSD,
+    granularity="token": RLSD)."""
+    batch, extra = data.batch, data.non_tensor_batch
+    mask = batch[mask_key]  # (B, T) 1 = a generated token
+    rewards = batch[reward_key].sum(dim=-1).double()  # (B,) each sample's reward
+    groups = _labels(extra["uid"])  # (B,)
+    if layout == "per_step":
+        traj = _labels(extra["traj_uid"])  # (B,) trajectory of each step sample
+        n = int(traj.max()) + 1
+        first = torch.full((n,), -1, dtype=torch.long)
+        for b in range(len(traj) - 1, -1, -1):
+            first[traj[b]] = b  # (n,) the first sample of each trajectory
+        R, traj_group = rewards[first], groups[first]  # (n,), (n,)
+        if not torch.allclose(rewards, R[traj]):
+            raise ValueError("per_step layout: samples of one trajectory carry different rewards; "
+                             "each step sample should carry its episode's reward")
+        adv_row = grpo_advantages(R, traj_group)[traj].float()  # (B,) A_i of each sample's trajectory
+        segment_ids = torch.where(mask.bool(), 0, -1)  # (B, T) one response = one segment
+    elif layout == "per_trajectory":
+        adv_row = grpo_advantages(rewards, groups).float()  # (B,)
+        segment_ids = runs_of_ones(mask)  # (B, T) each run of generated tokens is a segment
+    else:
+        raise ValueError(f"layout must be 'per_step' or 'per_trajectory'; got {layout!r}")
+    return sharpo_token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
+                                   lam=lam, clip_eps=clip_eps, granularity=granularity, shape=shape)
+
+
+def hindsight_messages(messages: list[dict], actions: list[str],
+                       headline: str = "Another attempt at this same task succeeded with these actions:") -> list[dict]:
+    """The teacher's chat messages: the hindsight block (a plan, numbered) put in front of the
+    first user message, as train.py's teacher sees it (segments.add_hindsight)."""
+    return add_hindsight(messages, format_plan(headline, actions))

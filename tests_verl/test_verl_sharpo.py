@@ -1,0 +1,96 @@
+"""integrations/verl_sharpo.py against the installed verl package (run in verl's own
+environment, see README): DataProtos built by hand give advantage.py's numbers on the same
+inputs, in both layouts; segment ids come from the runs of response_mask."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+torch.set_num_threads(1)
+
+from verl import DataProto  # noqa: E402  (the real package: these tests need it)
+
+from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
+from integrations.verl_sharpo import hindsight_messages, runs_of_ones, sharpo_advantages  # noqa: E402
+
+
+def _proto(tensors: dict, non_tensors: dict) -> DataProto:
+    return DataProto.from_dict(tensors=tensors, non_tensors={k: np.array(v, dtype=object) for k, v in non_tensors.items()})
+
+
+def test_runs_of_ones_by_hand_and_against_a_loop():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1, 1], [0, 1, 1, 1, 0, 0, 0, 0]])
+    assert runs_of_ones(mask).tolist() == [[0, 0, -1, -1, 1, -1, 2, 2], [-1, 0, 0, 0, -1, -1, -1, -1]]
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(20, 30, generator=g) > 0.4).long()
+    fast = runs_of_ones(mask)
+    for b in range(20):
+        run, prev = -1, 0
+        for t in range(30):
+            if mask[b, t] and not prev:
+                run += 1
+            assert fast[b, t] == (run if mask[b, t] else -1)
+            prev = int(mask[b, t])
+
+
+def test_per_step_layout_equals_advantage_py():
+    """verl-agent's layout: 2 groups, trajectories of 1-3 step samples; each sample carries its
+    episode reward. The result equals grpo_advantages over trajectories, then
+    sharpo_token_advantages per step sample (one segment each)."""
+    g = torch.Generator().manual_seed(1)
+    traj_uid = ["a", "a", "b", "c", "c", "c", "d", "e", "e"]
+    uid = ["g1", "g1", "g1", "g1", "g1", "g1", "g2", "g2", "g2"]
+    episode = {"a": 10.0, "b": 0.0, "c": -0.2, "d": 0.0, "e": 10.0}
+    B, T = len(traj_uid), 6
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[:, 4:] = torch.randint(0, 2, (B, 2), generator=g)  # some padding at the end
+    mask[:, 4:] = mask[:, 4:].cummin(dim=1).values  # padding only after the response
+    rewards = torch.zeros(B, T)
+    rewards[:, 0] = torch.tensor([episode[t] for t in traj_uid])
+    student = -torch.rand(B, T, generator=g)
+    teacher = student + 0.3 * torch.randn(B, T, generator=g)
+    data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
+                   "teacher_log_probs": teacher}, {"uid": uid, "traj_uid": traj_uid})
+    got = sharpo_advantages(data, layout="per_step", lam=0.5, clip_eps=0.2)
+    order = ["a", "b", "c", "d", "e"]
+    adv_traj = grpo_advantages(torch.tensor([episode[t] for t in order], dtype=torch.float64),
+                               torch.tensor([0, 0, 0, 1, 1]))
+    adv_row = adv_traj[[order.index(t) for t in traj_uid]].float()
+    want = sharpo_token_advantages(adv_row, teacher, student, torch.where(mask.bool(), 0, -1), lam=0.5, clip_eps=0.2)
+    assert torch.equal(got, want)
+    assert got.abs().sum() > 0 and (got[mask == 0] == 0).all()
+
+
+def test_per_trajectory_layout_equals_advantage_py():
+    """verl's multi-turn loop: one sample per trajectory, segments are the runs of
+    response_mask (environment tokens between them are 0)."""
+    g = torch.Generator().manual_seed(2)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 1, 0], [1, 0, 1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 1, 1]])
+    rewards = torch.zeros(3, 8)
+    rewards[:, -1] = torch.tensor([10.0, 0.0, -0.1])
+    student = -torch.rand(3, 8, generator=g)
+    teacher = student + 0.3 * torch.randn(3, 8, generator=g)
+    data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
+                   "teacher_log_probs": teacher}, {"uid": ["g", "g", "g"]})
+    for shape, granularity in (("exp", "segment"), ("sigmoid", "segment"), ("exp", "token")):
+        got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity)
+        adv = grpo_advantages(torch.tensor([10.0, 0.0, -0.1], dtype=torch.float64), torch.tensor([0, 0, 0])).float()
+        want = sharpo_token_advantages(adv, teacher, student, runs_of_ones(mask), shape=shape, granularity=granularity)
+        assert torch.equal(got, want)
+    got, seg = sharpo_advantages(data, layout="per_trajectory"), runs_of_ones(mask)[0]
+    first, second = got[0][seg == 0], got[0][seg == 1]
+    assert (first == first[0]).all() and (second == second[0]).all()  # constant within a segment (segment form)
+
+
+def test_disagreeing_step_rewards_are_an_error_and_hindsight_prompt():
+    data = _proto({"response_mask": torch.ones(2, 3, dtype=torch.long),
+                   "token_level_rewards": torch.tensor([[10.0, 0, 0], [0.0, 0, 0]]),
+                   "old_log_probs": torch.zeros(2, 3), "teacher_log_probs": torch.zeros(2, 3)},
+                  {"uid": ["g", "g"], "traj_uid": ["a", "a"]})
+    with pytest.raises(ValueError, match="different rewards"):
+        sharpo_advantages(data, layout="per_step")
+    messages = hindsight_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}], ["look", "go"])
+    assert messages[0]["content"] == "s" and messages[1]["content"].endswith("1. look\n2. go\n\ntask")
