@@ -12,7 +12,11 @@ Each iteration (METHOD.md; the numbers are the stages below):
 
 --algo picks the credit assignment, all in the same code: sharpo (segment multiplier),
 grpo (lam = 0), rlsd (per-token multiplier), stepopsd (2 * sigmoid multiplier), sdar (GRPO
-advantage plus the gated self-distillation term in the loss).
+advantage plus the gated self-distillation term in the loss), gigpo (no teacher: step groups
+of the same state, A_i + omega * A_step).
+
+Under torchrun / accelerate launch the same loop runs in N processes (distributed.py); the
+lines that take part are marked [distributed] and do nothing in a plain run.
 
 Deviations from the paper: see advantage.py; the teacher is the policy itself with the
 hindsight block in its first user message, and rows without hindsight use multiplier 1.
@@ -22,7 +26,6 @@ Run: python train.py --env alfworld            (the CPU demo preset when no GPU 
 from __future__ import annotations
 
 import json
-import os
 import random
 import resource
 import sys
@@ -46,6 +49,7 @@ from advantage import (
     token_multipliers,
 )
 from cli import UserError
+from distributed import DataParallel
 from envs import history_length, resolve_workers
 from segments import (
     Row,
@@ -296,59 +300,6 @@ class RowBatch:
     token_mults: torch.Tensor | None = None  # (B, T) the multiplier each token's advantage gets (RLSD: per token)
     step_adv: torch.Tensor | None = None  # (B,) GiGPO: each step's advantage within its step group
     step_groups: torch.Tensor | None = None  # (B,) GiGPO: step-group id of each row (same group, same anchor state)
-
-
-class DataParallel:
-    """[distributed] N processes train one policy (`torchrun` / `accelerate launch`); in a plain
-    `python train.py` N = 1 and every method is a no-op, so the teaching path is unchanged.
-
-    Each process plays whole groups (GRPO statistics stay local), builds and scores its rows;
-    the token-mean denominator and the LoRA gradients are summed over processes, so N
-    processes take the same optimizer step as one process over all the rows; metrics are
-    gathered; the main process alone writes logs and checkpoints."""
-
-    def __init__(self):
-        self.world, self.rank, self.device = int(os.environ.get("WORLD_SIZE", "1")), 0, None
-        if self.world > 1:
-            from accelerate import PartialState  # starts the process group (gloo on CPU, nccl on GPUs)
-
-            from datetime import timedelta
-
-            # a long timeout: the other processes wait while the main one evaluates and saves
-            state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=3))
-            self.world, self.rank, self.device = state.num_processes, state.process_index, str(state.device)
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def sum(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        x = torch.tensor([float(value)], dtype=torch.float64)
-        torch.distributed.all_reduce(x)
-        return float(x)
-
-    def sum_grads(self, params: list) -> None:
-        """Sum each LoRA gradient over processes (each is already divided by the global token count)."""
-        if self.world == 1:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            torch.distributed.all_reduce(p.grad)
-
-    def gather(self, items: list) -> list:
-        """Every process's list, concatenated in process order."""
-        if self.world == 1:
-            return items
-        out = [None] * self.world
-        torch.distributed.all_gather_object(out, items)
-        return [x for part in out for x in part]
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
 
 
 class Trainer:

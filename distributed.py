@@ -1,0 +1,67 @@
+"""Distributed: N processes train one policy (data parallel), for torchrun / accelerate launch.
+
+Each process plays whole groups of the iteration, builds and scores its own rows; what must
+agree across processes goes through the few methods below. The update's loss is a token-mean
+over every process's trained tokens: each process divides its token sums by the global count
+and the gradients are summed, so N processes take exactly the step one process would take
+over all the rows. (DDP's wrapper would average per-process means instead, which weighs a
+token by how many tokens its process happened to hold.)
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+class DataParallel:
+    """[distributed] N processes train one policy (`torchrun` / `accelerate launch`); in a plain
+    `python train.py` N = 1 and every method is a no-op, so the teaching path is unchanged.
+
+    Each process plays whole groups (GRPO statistics stay local), builds and scores its rows;
+    the token-mean denominator and the LoRA gradients are summed over processes, so N
+    processes take the same optimizer step as one process over all the rows; metrics are
+    gathered; the main process alone writes logs and checkpoints."""
+
+    def __init__(self):
+        self.world, self.rank, self.device = int(os.environ.get("WORLD_SIZE", "1")), 0, None
+        if self.world > 1:
+            from accelerate import PartialState  # starts the process group (gloo on CPU, nccl on GPUs)
+
+            from datetime import timedelta
+
+            # a long timeout: the other processes wait while the main one evaluates and saves
+            state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=3))
+            self.world, self.rank, self.device = state.num_processes, state.process_index, str(state.device)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        x = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(x)
+        return float(x)
+
+    def sum_grads(self, params: list) -> None:
+        """Sum each LoRA gradient over processes (each is already divided by the global token count)."""
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+
+    def gather(self, items: list) -> list:
+        """Every process's list, concatenated in process order."""
+        if self.world == 1:
+            return items
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, items)
+        return [x for part in out for x in part]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
