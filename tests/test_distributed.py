@@ -4,7 +4,6 @@ any number of processes."""
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,12 @@ import train
 from stub_env import StubEnv
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = shutil.which("torchrun")
-pytestmark = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH (it comes with torch)")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` command runs
 
 
 def _torchrun(argv, cwd=ROOT):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", *argv], cwd=cwd, env=env,
+    return subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
