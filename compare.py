@@ -88,7 +88,8 @@ def run_summary(metrics: list[dict], final_window: int) -> dict:
     """The per-run numbers the module docstring defines."""
     success = [m["success"] for m in metrics]
     evals = [m["eval/success"] for m in metrics if m.get("eval/success") is not None]
-    seconds = [sum(v for k, v in m.items() if k.startswith("seconds/") and v is not None) for m in metrics]
+    seconds = [sum(v for k, v in m.items() if k.startswith("seconds/") and k != "seconds/env" and v is not None)
+               for m in metrics]  # the stages (seconds/env is a part of seconds/rollout)
     return {"iterations": len(metrics), "final_success": sum(success[-final_window:]) / len(success[-final_window:]),
             "auc_success": sum(success) / len(success), "eval_success": evals[-1] if evals else None,
             "s_per_iter": sum(seconds) / len(seconds)}
