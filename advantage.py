@@ -177,6 +177,18 @@ def anchor_groups(group_ids: list[int], anchors: list[str]) -> torch.Tensor:
     return torch.tensor([index.setdefault((g, a), len(index)) for g, a in zip(group_ids, anchors)])  # (B,)
 
 
+def gigpo_step_advantages(step_rewards: torch.Tensor, traj_ids: torch.Tensor, group_ids: list[int], anchors: list[str],
+                          gamma: float, norm_by_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """GiGPO's step advantage of every row: discounted returns compared within step groups.
+
+    step_rewards (B,), traj_ids (B,) (rows of a trajectory contiguous, in step order), group_ids
+    and anchors one per row. Returns (step advantages (B,) float32, step-group ids (B,) long).
+    """
+    returns = discounted_returns(step_rewards.double(), traj_ids, gamma)  # (B,) R_t
+    step_groups = anchor_groups(group_ids, anchors)  # (B,)
+    return grpo_advantages(returns, step_groups, norm_by_std=norm_by_std).float(), step_groups  # (B,), (B,)
+
+
 def gigpo_token_advantages(
     adv: torch.Tensor, step_adv: torch.Tensor, segment_ids: torch.Tensor, omega: float = 1.0
 ) -> torch.Tensor:

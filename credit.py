@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from advantage import anchor_groups, discounted_returns, grpo_advantages, segment_multipliers, token_multipliers
+from advantage import gigpo_step_advantages, segment_multipliers, token_multipliers
 from checkpoint import json_safe
 from cli import UserError
 from segments import Trajectory, action_token_mask
@@ -155,12 +155,11 @@ def score_steps(trainer, trajs: list[Trajectory], args: CreditArgs) -> dict:
     hindsight and A != 0; weights {"<method>/<all|action>": (B,) list}."""
     batch = trainer.make_rows(trajs)
     trainer.score(batch)
-    steps = batch.steps
+    trainer.advantages(batch)  # A_i of each row, as training computes it
+    steps, adv_row = batch.steps, batch.adv_row  # (B,)
     rows_traj = torch.tensor([i for i, _ in steps])  # (B,)
-    rewards = torch.tensor([t.reward for t in trajs])  # (N,)
-    adv_row = grpo_advantages(rewards, torch.tensor([t.group for t in trajs]))[rows_traj]  # (B,)
-    returns = discounted_returns(torch.tensor([s.reward for _, s in steps], dtype=torch.float64), rows_traj, args.gigpo_gamma)
-    step_adv = grpo_advantages(returns, anchor_groups([trajs[i].group for i, _ in steps], [s.anchor for _, s in steps])).float()
+    step_adv, _ = gigpo_step_advantages(torch.tensor([s.reward for _, s in steps]), rows_traj,
+                                        [trajs[i].group for i, _ in steps], [s.anchor for _, s in steps], args.gigpo_gamma)
     T = batch.segment_ids.shape[1]
     action_mask = torch.zeros(len(batch.rows), T, dtype=torch.bool)  # (B, T) tokens inside <action>
     for b, r in enumerate(batch.rows):

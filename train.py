@@ -39,8 +39,7 @@ from typing import Literal
 import torch
 
 from advantage import (
-    anchor_groups,
-    discounted_returns,
+    gigpo_step_advantages,
     gigpo_token_advantages,
     grpo_advantages,
     policy_loss,
@@ -50,7 +49,7 @@ from advantage import (
 )
 from cli import UserError
 from distributed import DataParallel
-from envs import history_length, resolve_workers
+from envs import alfworld, history_length, resolve_workers, webshop
 from segments import (
     Row,
     Trajectory,
@@ -135,7 +134,7 @@ CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short
 RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "preset")
-SPLITS = {"alfworld": ("train", "valid_seen", "valid_unseen", "valid_train"), "webshop": ("train", "test")}
+SPLITS = {"alfworld": alfworld.SPLITS, "webshop": webshop.SPLITS}  # checked before anything loads
 
 
 # ----------------------------------------------------------------------------- config
@@ -306,7 +305,14 @@ class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
 
     def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None, dist: DataParallel | None = None):
-        from checkpoint import find_checkpoint, load_checkpoint_policy, load_optimizer_state, read_iteration, restore_rng
+        from checkpoint import (
+            checkpoint_adapters,
+            find_checkpoint,
+            load_checkpoint_policy,
+            load_optimizer_state,
+            read_iteration,
+            restore_rng,
+        )
         from envs import make_env
         from rollout import load_policy
 
@@ -335,9 +341,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA weights
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.iteration_done = 0
-        self.warmstart = None if ckpt is None else ckpt / "warmstart" if (ckpt / "warmstart").is_dir() else None
-        if ckpt is None and args.init_adapter:
-            self.warmstart = Path(args.init_adapter)
+        # the warm start saved with each checkpoint: the checkpoint's own copy, else --init-adapter
+        self.warmstart = checkpoint_adapters(ckpt)[1] if ckpt else Path(args.init_adapter) if args.init_adapter else None
         if ckpt is not None:  # optimizer, RNG states and iteration; tensors and JSON only
             self.optimizer.load_state_dict(load_optimizer_state(ckpt))
             restore_rng(ckpt, self.rng)
@@ -491,12 +496,10 @@ class Trainer:
             batch.adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids, args.mult_eps,
             settings["granularity"], settings["shape"], batch.gap_mask)  # (B, T)
         if args.algo == "gigpo":  # METHOD.md section 6: steps from the same state, compared by return
-            rows_traj = torch.tensor([i for i, _ in batch.steps])  # (B,)
-            returns = discounted_returns(torch.tensor([s.reward for _, s in batch.steps], dtype=torch.float64),
-                                         rows_traj, args.gigpo_gamma)  # (B,) R_t
-            batch.step_groups = anchor_groups([batch.trajs[i].group for i, _ in batch.steps],
-                                              [s.anchor for _, s in batch.steps])  # (B,)
-            batch.step_adv = grpo_advantages(returns, batch.step_groups, norm_by_std=args.gigpo_norm == "std").float()  # (B,)
+            batch.step_adv, batch.step_groups = gigpo_step_advantages(
+                torch.tensor([s.reward for _, s in batch.steps]), torch.tensor([i for i, _ in batch.steps]),
+                [batch.trajs[i].group for i, _ in batch.steps], [s.anchor for _, s in batch.steps],
+                args.gigpo_gamma, norm_by_std=args.gigpo_norm == "std")  # (B,), (B,)
             batch.token_adv = gigpo_token_advantages(batch.adv_row, batch.step_adv, batch.segment_ids, args.gigpo_omega)
 
     # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
