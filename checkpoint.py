@@ -88,7 +88,8 @@ def trim_log(path: Path, iteration: int) -> int:
     when something changes. Returns the number of lines dropped."""
     if not path.exists():
         return 0
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    lines = text.splitlines()
     kept = []
     for line in lines:
         try:
@@ -97,7 +98,7 @@ def trim_log(path: Path, iteration: int) -> int:
             continue  # a line cut short by a kill mid-write
         if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] <= iteration:
             kept.append(line)
-    if len(kept) != len(lines) or (lines and not path.read_text().endswith("\n")):
+    if len(kept) != len(lines) or (lines and not text.endswith("\n")):
         write_atomic(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
 

@@ -122,10 +122,10 @@ class WorkerEnv:
                 out[k] = None
         return out
 
-    def _failed(self, j: int, reset: bool) -> EnvStep:
-        task_id = self._task_ids[j]
+    def _failed(self, j: int) -> EnvStep:
+        """Episode j ends here: its worker died (done, not won, reward 0)."""
         return EnvStep("The environment crashed; the episode ends.", [], 0.0, True, False, False, "",
-                       self.local.task_type(task_id), None, None, {"env_crash": True, **({"score": 0.0} if not reset else {})})
+                       self.local.task_type(self._task_ids[j]), None, None, {"env_crash": True})
 
     # -- episodes
     def reset(self, task_ids: list[str]) -> list[EnvStep]:
@@ -138,7 +138,7 @@ class WorkerEnv:
         out: list[EnvStep] = []
         for k, s in enumerate(self._slices):
             if len(s):
-                out += answers[k] if answers[k] is not None else [self._failed(j, True) for j in s]
+                out += answers[k] if answers[k] is not None else [self._failed(j) for j in s]
         self._done = [state.done for state in out]
         self.seconds["reset"] += time.perf_counter() - t0
         self.counts["reset"] += B
@@ -158,7 +158,7 @@ class WorkerEnv:
                 if k in live and answers[k] is not None:
                     out[j] = answers[k][i]
                 else:
-                    out[j] = self._failed(j, False)
+                    out[j] = self._failed(j)
                 self._done[j] = out[j].done
         self.seconds["step"] += time.perf_counter() - t0
         self.counts["step"] += sum(r is not None for r in responses)
