@@ -1,29 +1,21 @@
 """WebShop, offline: upstream's text-mode shop (search, results, item pages), its reward, its files.
 
 Pages and observations follow upstream WebShop's `text` mode: the visible texts of a page
-joined by " [SEP] ", the instruction on every page. Actions are `search[query]` (only on the
-search page) and `click[button]` (a lowercased button, product ASIN or option value shown on
-the page); an invalid action leaves the page unchanged. `click[buy now]` ends the episode.
-
-Score of a purchase (upstream goal.py), in 0..1:
-    score = r_type * (n_attr_matches + n_option_matches + [price <= price_upper])
-                   / (n_attrs + n_options + 1)
-  attribute match: rapidfuzz token_set_ratio > 85 with one of the product's attributes, or
-  the attribute a substring of its title, bullet points or description; option match: ratio
-  > 85 with a chosen option; r_type from query / category / product-name overlap.
-Episode reward (METHOD.md section 1): 10 if the score is 1.0, minus 0.1 per invalid action;
-the raw score goes in info["score"]. At most `max_steps` (default 15) steps.
+joined by " [SEP] ", the instruction on every page. Actions are `search[query]` (from any page;
+the search page is the one that lists it) and `click[button]` (a lowercased button, product
+ASIN or option value shown on the page); an invalid action leaves the page unchanged.
+`click[buy now]` ends the episode with the purchase's score (envs/webshop_reward.py, upstream's
+goal.py). Episode reward (METHOD.md section 1): 10 if the score is 1.0, minus 0.1 per invalid
+action; the raw score goes in info["score"]. At most `max_steps` (default 15) steps.
 
 Deviations from upstream, and why:
   - Search: BM25 (bm25s, method "lucene", k1 0.9, b 0.4) with a Lucene-like English analyzer
     (lowercase, drop 's, \\w+(?:\\.\\w+)* tokens, Lucene's English stopwords, Porter stems) over
     upstream's indexed text (title, description, first bullet point, options), instead of
     Pyserini, which needs Java. Only documents with a positive score are returned, top 50.
-  - r_type: upstream compares the nouns spaCy finds in the product names; the spaCy model is
-    not on PyPI, so the name's content words (alphabetic, not a stopword) stand in for nouns.
-  - Option values are matched as upstream, without its color-name normalization table.
-  - The price shown on results and item pages is the product's sampled price (seeded), the
-    one the purchase is scored against; the done page shows the score, not an MTurk code.
+    Upstream's special queries (`<r>`, `<a>`, `<c>`, `<q>` first words) are not supported.
+  - r_type approximates spaCy's nouns (envs/webshop_reward.py says how; it errs low).
+  - The done page shows the score, not an MTurk code and the goal's fields.
 Goals: upstream's human goals (items_human_ins.json), each with a price limit drawn above the
 product's sampled price as upstream does; shuffled with random.Random(233) (upstream's seed),
 the first 500 are `test` (upstream's test goals) -- the first quarter when there are fewer
@@ -42,6 +34,7 @@ from pathlib import Path
 
 from cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
 SPLITS = ("train", "test")
@@ -50,9 +43,6 @@ PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 SUB_PAGES = ("description", "features", "reviews")
 SEP = " [SEP] "
-# Lucene's English stop set (the analyzer Pyserini's default index uses)
-LUCENE_STOPWORDS = set("a an and are as at be but by for if in into is it no not of on or such that the their then "
-                       "there these they this to was will with".split())
 _WORD = re.compile(r"\w+(?:\.\w+)*")
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 
@@ -100,8 +90,10 @@ _ASIN = re.compile(r"[A-Z0-9]{10}")
 
 
 def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
-    """Upstream's raw product files -> products with Title, Description, BulletPoints,
-    pricing (one or two floats), options {name: [values]}, Attributes (as upstream's loader).
+    """Upstream's raw product files -> products as upstream's loader makes them: Title,
+    Description, BulletPoints, pricing (one or two floats) and its Price tag ("$9.5",
+    "$24.99 to $32.99"), options {name: [values]} (a group with no values kept, shown by name),
+    Attributes, Rating "N.A." and no Reviews (upstream's loader reads neither).
     Every field used is checked here (DataError naming file, product and field)."""
     raw, attrs = _read_json(items_path, "products"), _read_json(attrs_path, "attributes")
     if not isinstance(raw, list):
@@ -123,9 +115,10 @@ def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
         pricing = _field(p, "pricing", items_path, asin, (str, type(None)))
         prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing or "").split("$")[1:] if re.fullmatch(r"\d+(\.\d+)?", re.sub(r"[^\d.]", "", x))]
         prices = prices[:2] or [100.0]
+        price_tag = " to ".join(f"${x}" for x in prices)  # upstream's f"${float}": $9.5, $45.0
         options = {}
         for name, contents in (_field(p, "customization_options", items_path, asin, (dict, type(None)), True) or {}).items():
-            if not contents:
+            if contents is None:
                 continue
             if not isinstance(contents, list) or not all(isinstance(c, dict) and isinstance(c.get("value"), str) for c in contents):
                 raise DataError(f"{items_path}: product {asin}, option {name!r} should be a list of {{'value': str}}")
@@ -137,11 +130,11 @@ def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
         products.append({
             "asin": asin, "Title": name, "name": name,
             "Description": _field(p, "full_description", items_path, asin, (str, type(None))) or "", "BulletPoints": bullets,
-            "pricing": prices, "options": options, "category": _field(p, "category", items_path, asin, (str,), True) or "",
+            "pricing": prices, "Price": price_tag, "options": options, "category": _field(p, "category", items_path, asin, (str,), True) or "",
             "query": str(_field(p, "query", items_path, asin, (str,), True) or "").lower().strip(),
             "product_category": _field(p, "product_category", items_path, asin, (str,), True) or "",
             "Attributes": _str_list(attr["attributes"], f"{attrs_path}: product {asin}, field 'attributes'"),
-            "Rating": p.get("average_rating", "N.A."), "Reviews": _field(p, "Reviews", items_path, asin, (list,), True) or [],
+            "Rating": "N.A.", "Reviews": [],
         })
     return products
 
@@ -166,9 +159,10 @@ def check_human_goals(human, path: Path) -> dict:
 
 
 def sample_prices(products: list[dict], seed: int) -> dict[str, float]:
-    """One price per product: uniform in its price range (seeded), or its only price."""
+    """One price per product, the one a purchase is scored at: uniform in its price range
+    (seeded, full precision, as upstream), or its only price. Pages show the Price tag instead."""
     rng = random.Random(seed)
-    return {p["asin"]: round(rng.uniform(*p["pricing"]), 2) if len(p["pricing"]) == 2 else p["pricing"][0] for p in products}
+    return {p["asin"]: rng.uniform(*p["pricing"]) if len(p["pricing"]) == 2 else p["pricing"][0] for p in products}
 
 
 def make_goals(products: list[dict], human: dict, prices: dict[str, float], seed: int) -> list[dict]:
@@ -191,7 +185,8 @@ def make_goals(products: list[dict], human: dict, prices: dict[str, float], seed
                 "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
                 "product_category": p["product_category"], "attributes": attributes,
                 "goal_options": list(ins.get("instruction_options") or []), "price_upper": price_upper,
-                "words": ins["instruction"].strip().rstrip("."), "instruction_text": ins["instruction"].strip().rstrip(".") + price_text,
+                "words": ins["instruction"].strip().strip("."),
+                "instruction_text": ins["instruction"].strip(".") + price_text,  # upstream strips only the dots
             })
     return goals
 
@@ -242,56 +237,6 @@ class SearchEngine:
         return [self.asins[i] for i in ranked[:top]]
 
 
-# ----------------------------------------------------------------------------- reward
-def _content_words(name: str) -> set[str]:
-    """Stand-in for spaCy's nouns: the name's alphabetic words that are not stopwords."""
-    return {w for w in re.findall(r"[a-z]+", name.lower()) if w not in LUCENE_STOPWORDS and len(w) > 1}
-
-
-def type_reward(product: dict, goal: dict) -> float:
-    """r_type (upstream get_type_reward): 1, or 0.5 / 0.1 / 0 as query, category and name overlap fail."""
-    query_match = product["query"] == goal["query"]
-    cats_p = {x.strip() for x in product["product_category"].split("›")}
-    cats_g = {x.strip() for x in goal["product_category"].split("›")}
-    category_match = len(cats_p & cats_g) >= 2
-    desired, bought = _content_words(goal["name"]), _content_words(product["name"])
-    title_score = 0.2 if not desired else len(desired & bought) / len(desired)
-    r_type = 1.0 if (query_match or category_match or title_score > 0.2) else 0.5
-    if title_score < 0.1:
-        r_type = 0.1
-    if title_score == 0.0:
-        r_type = 0.0
-    return r_type
-
-
-def _fuzzy(a: str, b: str) -> float:
-    from rapidfuzz import fuzz, utils
-
-    return fuzz.token_set_ratio(a, b, processor=utils.default_process)
-
-
-def attribute_matches(product: dict, goal: dict) -> int:
-    """Goal attributes found among the product's attributes (ratio > 85) or in its text."""
-    text = [product["Title"].lower(), " ".join(product["BulletPoints"]).lower(), product["Description"].lower()]
-    n = 0
-    for g in goal["attributes"]:
-        if any(_fuzzy(p, g) > 85 for p in product["Attributes"]) or any(g in t for t in text):
-            n += 1
-    return n
-
-
-def option_matches(chosen: list[str], goal: dict) -> int:
-    """Goal options matched by a chosen option value (ratio > 85)."""
-    return sum(any(_fuzzy(c, g) > 85 for c in chosen) for g in goal["goal_options"])
-
-
-def purchase_score(product: dict, goal: dict, price: float, chosen: list[str]) -> float:
-    """The purchase's score in 0..1 (module docstring)."""
-    r_price = 1.0 if price <= goal["price_upper"] else 0.0
-    matched = attribute_matches(product, goal) + option_matches(chosen, goal) + r_price
-    return type_reward(product, goal) * matched / (len(goal["attributes"]) + len(goal["goal_options"]) + 1)
-
-
 # ----------------------------------------------------------------------------- pages
 @dataclass
 class Page:
@@ -313,14 +258,14 @@ def parse_web_action(action: str) -> tuple[str, str | None]:
     return (action, None) if m is None else (m.group(1), m.group(2).lower())
 
 
-def parse_action(text: str, clickables: list[str], has_search_bar: bool) -> tuple[str | None, str]:
+def parse_action(text: str, clickables: list[str]) -> tuple[str | None, str]:
     """Model text -> (a valid action, "") or (None, why it is invalid). Never raises."""
     action, why = extract_action(text)
     if action is None:
         return None, why
     name, arg = parse_web_action(action)
-    if name == "search" and arg and arg.strip():
-        return (f"search[{arg}]", "") if has_search_bar else (None, "search is only possible on the search page")
+    if name == "search" and arg:  # from any page, as upstream; a blank query runs and finds nothing
+        return f"search[{arg}]", ""
     if name == "click" and arg is not None and arg in clickables and arg != "search":
         return f"click[{arg}]", ""
     if name == "click":
@@ -369,8 +314,9 @@ class WebShopEnv:
 
     # -- pages
     def render(self, page: Page, goal: dict) -> tuple[str, list[str], bool]:
-        """(observation text, clickables, has_search_bar) of a page, as upstream's text mode."""
-        head = ["Instruction:", goal["instruction_text"]]
+        """(observation text, clickables, has_search_bar) of a page, as upstream's text mode:
+        each visible text stripped, joined by " [SEP] "."""
+        head = ["Instruction:", goal["instruction_text"].strip()]
         if page.kind == "search":
             return SEP.join(["WebShop"] + head + ["Search"]), [], True
         if page.kind == "results":
@@ -381,25 +327,26 @@ class WebShopEnv:
             if page.page_no > 1:
                 texts.append("< Prev")
                 clicks.append(PREV)
-            if start + PAGE_SIZE < len(page.results):
-                texts.append("Next >")
-                clicks.append(NEXT)
+            texts.append("Next >")  # upstream shows it on every results page, past the end too
+            clicks.append(NEXT)
             for asin in shown:
-                texts += [asin, self.by_asin[asin]["Title"], f"${self.prices[asin]:.2f}"]
+                texts += [asin, self.by_asin[asin]["Title"].strip(), self.by_asin[asin]["Price"]]
                 clicks.append(asin.lower())
             return SEP.join(texts), clicks, False
         product = self.by_asin[page.asin]
         if page.kind == "item":
             texts, clicks = head + ["Back to Search", "< Prev"], [BACK, PREV]
-            for name, values in product["options"].items():
-                texts += [name] + values
-                clicks += values
-            texts += [product["Title"], f"Price: ${self.prices[page.asin]:.2f}", f"Rating: {product['Rating']}",
+            for name, values in product["options"].items():  # a group with no values: its name alone
+                texts += [name] + [v.strip() for v in values]
+                clicks += [v for v in values if v not in clicks]
+            texts += [product["Title"].strip(), f"Price: {product['Price']}", f"Rating: {product['Rating']}",
                       "Description", "Features", "Reviews", "Buy Now"]
             return SEP.join(texts), clicks + list(SUB_PAGES) + [BUY], False
         if page.kind in SUB_PAGES:
-            body = {"description": [product["Description"]], "features": product["BulletPoints"],
-                    "reviews": [str(r) for r in product["Reviews"]] or ["No reviews yet."]}[page.kind]
+            # an empty description is no text at all; an empty bullet point is an empty text, as upstream
+            body = {"description": [product["Description"].strip()] if product["Description"] else [],
+                    "features": [b.strip() for b in product["BulletPoints"]],
+                    "reviews": []}[page.kind]  # upstream's loader reads no reviews
             return SEP.join(head + ["Back to Search", "< Prev"] + body), [BACK, PREV], False
         return SEP.join(["Thank you for shopping with us!", "Purchased", page.asin,
                          "Your score (min 0.0, max 1.0)", f"{page.score:.2f}"]), [], False
@@ -426,9 +373,10 @@ class WebShopEnv:
                 product = self.by_asin[page.asin]
                 score = purchase_score(product, goal, self.prices[page.asin], list(page.chosen.values()))
                 return replace(page, kind="done", score=score)
-            for option, values in self.by_asin[page.asin]["options"].items():
-                if arg in values:
-                    return replace(page, chosen={**page.chosen, option: arg})
+            # a value shown in two groups is chosen in the last of them: upstream's page maps
+            # each value to its last radio button
+            option = [name for name, values in self.by_asin[page.asin]["options"].items() if arg in values][-1]
+            return replace(page, chosen={**page.chosen, option: arg})
         if page.kind in SUB_PAGES and arg == PREV:
             return replace(page, kind="item")
         raise AssertionError(f"unhandled valid action {action} on a {page.kind} page")
@@ -446,8 +394,8 @@ class WebShopEnv:
             if page.asin != goal["asin"]:
                 return f"click[{PREV}]"
             for option, values in self.by_asin[page.asin]["options"].items():
-                wanted = [v for v in values if any(_fuzzy(v, g) > 85 for g in goal["goal_options"])]
-                if wanted and page.chosen.get(option) != wanted[0]:
+                wanted = [v for v in values if any(option_match(v, g) for g in goal_option_list(goal))]
+                if wanted and wanted[0] not in page.chosen.values():
                     return f"click[{wanted[0]}]"
             return f"click[{BUY}]"
         if page.kind in SUB_PAGES:
@@ -457,7 +405,7 @@ class WebShopEnv:
     def _state(self, ep: dict, reward: float, done: bool, invalid: bool, action: str | None, info: dict) -> EnvStep:
         page, goal = ep["page"], ep["goal"]
         text, clicks, search_bar = self.render(page, goal)
-        ep["clickables"], ep["search_bar"] = clicks, search_bar
+        ep["clickables"] = clicks
         admissible = (["search[<your query>]"] if search_bar else []) + [f"click[{c}]" for c in clicks]
         return EnvStep(text, admissible, reward, done, done and page.score == 1.0, invalid, goal["instruction_text"],
                        self.task_type(ep["task_id"]), self.expert_action(page, goal), action, info)
@@ -478,7 +426,7 @@ class WebShopEnv:
             if ep.get("done"):
                 out.append(None)
                 continue
-            action, why = parse_action(text or "", ep["clickables"], ep["search_bar"])
+            action, why = parse_action(text or "", ep["clickables"])
             ep["steps"] += 1
             if action is not None:
                 t0 = time.perf_counter()

@@ -254,9 +254,9 @@ def test_any_non_ascii_character_in_an_action_is_invalid():
 
 def test_webshop_actions_are_the_whole_answer():
     clicks = ["< prev", "buy now"]
-    assert parse_action("<think>x</think><action>click[< prev]</action>", clicks, False)[0] == "click[< prev]"
+    assert parse_action("<think>x</think><action>click[< prev]</action>", clicks)[0] == "click[< prev]"
     for tail in ("; rm -rf /", " now", "]"):
-        assert parse_action(f"<think>x</think><action>click[< prev]{tail}</action>", clicks, False)[0] is None
+        assert parse_action(f"<think>x</think><action>click[< prev]{tail}</action>", clicks)[0] is None
 
 
 def test_tag_parsing_is_linear_on_tag_spam():

@@ -1,21 +1,14 @@
 """WebShop offline: reward terms by hand, search, pages and invalid actions, the expert, data errors."""
 import json
+import shutil
 
 import pytest
 
 from cli import DataError
 
 import train
-from envs.webshop import (
-    SearchEngine,
-    WebShopEnv,
-    attribute_matches,
-    load_products,
-    option_matches,
-    parse_action,
-    purchase_score,
-    type_reward,
-)
+from envs.webshop import SHIPPED_DATA, Page, SearchEngine, WebShopEnv, load_products, parse_action
+from envs.webshop_reward import attribute_matches, option_matches, purchase_score, type_reward
 from eval import ExpertPolicy, summarize
 from rollout import play_episodes
 
@@ -93,8 +86,8 @@ def test_search_ranks_the_obvious_product_first(env):
 
 def test_pages_transitions_and_invalid_actions(env):
     """search -> results -> item (option, description, < prev) -> back to search; an invalid
-    action leaves the page unchanged, costs 0.1 and says why; a search outside the search
-    page is invalid; buy now ends the episode."""
+    action leaves the page unchanged, costs 0.1 and says why; search works from any page, as
+    upstream (the search page is the one that lists it); buy now ends the episode."""
     task = env.tasks("test")[0]
     goal = env.goal(task)
     s = env.reset([task])[0]
@@ -104,15 +97,105 @@ def test_pages_transitions_and_invalid_actions(env):
     assert s.invalid and s.reward == pytest.approx(-0.1) and "not a button" in s.observation
     s = say(f"search[{goal['words']}]")
     assert "Page 1 (Total results:" in s.observation and "click[back to search]" in s.admissible
-    assert say("search[shoes]").invalid  # no search bar on the results page
+    assert not any(a.startswith("search") for a in s.admissible)
     s = say(f"click[{goal['asin'].lower()}]")
     assert "Buy Now" in s.observation and "click[description]" in s.admissible
     s = say("click[description]")
     assert s.admissible == ["click[back to search]", "click[< prev]"]
     s = say("click[< prev]")
     assert "Buy Now" in s.observation
+    s = say("search[merino wool socks]")  # from an item page
+    assert not s.invalid and "Merino Wool Hiking Socks" in s.observation
     s = say("click[back to search]")
     assert s.observation.endswith("Search") and not s.done
+
+
+INSTRUCTION = ("Instruction: [SEP] i would like hyaluronic acid and sensitive skin face moisturizer in size 1.7 oz, "
+               "and price lower than 50.00 dollars [SEP] Back to Search")
+
+
+def test_pages_render_as_upstream(env):
+    """Literal pages of the shipped catalog, as upstream's text mode renders them (its
+    templates, visible texts stripped and joined by [SEP]): prices are the catalog's tags
+    ($9.5, $24.99 to $32.99); Next > is on every results page and past the end leads to an
+    empty page; Rating N.A. and an empty Reviews page (upstream's loader reads neither); a
+    blank search runs and finds nothing; search[] (nothing inside) is invalid."""
+    task = env.tasks("test")[0]
+    assert env.goal(task)["asin"] == "B0SHRP0004"  # the instruction in INSTRUCTION
+    env.reset([task])
+    say = lambda a: env.step([f"<think>.</think><action>{a}</action>"])[0]  # noqa: E731
+    assert say("search[hair extensions]").observation == INSTRUCTION + (
+        " [SEP] Page 1 (Total results: 3) [SEP] Next > [SEP] B0SHRP0002 [SEP] Clip In Hair Extensions Long Straight"
+        " Natural Looking Synthetic Hairpiece [SEP] $24.99 to $32.99 [SEP] B0SHRP0001 [SEP] Volume Boost Shampoo"
+        " for Fine Hair, Paraben Free [SEP] $9.5 [SEP] B0SHRP0000 [SEP] Herbal Clarity Sulfate Free Shampoo for Dry"
+        " Hair with Argan Oil [SEP] $12.99")
+    s = say("click[b0shrp0002]")
+    assert s.observation == INSTRUCTION + (
+        " [SEP] < Prev [SEP] color [SEP] dark brown [SEP] blonde [SEP] black [SEP] length [SEP] 18 inch [SEP] 22 inch"
+        " [SEP] Clip In Hair Extensions Long Straight Natural Looking Synthetic Hairpiece [SEP] Price: $24.99 to"
+        " $32.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+    assert s.admissible == ["click[back to search]", "click[< prev]", "click[dark brown]", "click[blonde]",
+                            "click[black]", "click[18 inch]", "click[22 inch]", "click[description]",
+                            "click[features]", "click[reviews]", "click[buy now]"]
+    assert say("click[reviews]").observation == INSTRUCTION + " [SEP] < Prev"
+    assert say("click[< prev]").observation.endswith("[SEP] Buy Now")
+    assert say("click[features]").observation == INSTRUCTION + (
+        " [SEP] < Prev [SEP] Natural looking long straight hair [SEP] Clip in within minutes")
+    s = say("search[ ]")
+    assert not s.invalid and s.observation == INSTRUCTION + " [SEP] Page 1 (Total results: 0) [SEP] Next >"
+    assert s.admissible == ["click[back to search]", "click[next >]"]
+    s = say("click[next >]")  # past the end: an empty page 2
+    assert s.observation == INSTRUCTION + " [SEP] Page 2 (Total results: 0) [SEP] < Prev [SEP] Next >"
+    assert say("search[]").invalid
+
+
+def _catalog(tmp_path, edit_products=None, edit_goals=None) -> WebShopEnv:
+    """The shipped catalog, copied to tmp_path with its products and/or human goals edited."""
+    root = tmp_path / "ws"
+    shutil.copytree(SHIPPED_DATA, root)
+    for name, edit in [("items_shuffle.json", edit_products), ("items_human_ins.json", edit_goals)]:
+        if edit is not None:
+            data = json.loads((root / name).read_text())
+            edit(data)
+            (root / name).write_text(json.dumps(data))
+    return WebShopEnv(data_dir=root)
+
+
+def test_option_groups_as_upstream(tmp_path):
+    """A value shown in two option groups is chosen in the last of them (upstream's page maps a
+    value to its last radio button); a group with no values is shown by its name alone."""
+    def edit(products):
+        products[2]["customization_options"] = {
+            "color": [{"value": "Black"}, {"value": "Blonde"}], "size": [], "style": [{"value": "black"}]}
+    env = _catalog(tmp_path, edit_products=edit)
+    page = Page("item", asin="B0SHRP0002")
+    goal = env.goal(env.tasks("train")[0])
+    text, clicks, _ = env.render(page, goal)
+    assert text.endswith("[SEP] < Prev [SEP] color [SEP] black [SEP] blonde [SEP] size [SEP] style [SEP] black [SEP] "
+                         "Clip In Hair Extensions Long Straight Natural Looking Synthetic Hairpiece [SEP] Price: $24.99 "
+                         "to $32.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+    assert clicks[:4] == ["back to search", "< prev", "black", "blonde"]
+    assert env._transition(page, "click[black]", goal).chosen == {"style": "black"}
+
+
+def test_instruction_text_stripped_as_upstream(tmp_path):
+    """upstream strips only the dots at the ends of a human instruction (then adds the price
+    text); the page shows the text stripped of spaces, as every visible text is."""
+    def edit(goals):
+        goals["B0SHRP0004"][0]["instruction"] = "..i need a face moisturizer.. "
+    env = _catalog(tmp_path, edit_goals=edit)
+    goal = next(g for g in env.goals if g["asin"] == "B0SHRP0004")
+    assert goal["instruction_text"] == "i need a face moisturizer.. " + f", and price lower than {goal['price_upper']:.2f} dollars"
+    text, _, _ = env.render(Page(), goal)
+    assert text == f"WebShop [SEP] Instruction: [SEP] {goal['instruction_text']} [SEP] Search"
+
+
+def test_sampled_price_keeps_full_precision(env):
+    """The price a purchase is checked against is upstream's uniform draw, unrounded; pages
+    show the catalog's tag instead."""
+    ranged = [p for p in env.products if len(p["pricing"]) == 2]
+    assert ranged and all(round(env.prices[p["asin"]], 2) != env.prices[p["asin"]] for p in ranged)
+    assert all(p["pricing"][0] <= env.prices[p["asin"]] <= p["pricing"][1] for p in ranged)
 
 
 def test_expert_scores_one_on_every_shipped_goal(env):
@@ -133,14 +216,15 @@ def test_expert_plan_matches_the_expert_policy(env):
 
 @pytest.mark.parametrize("text,ok", [
     ("<think>.</think><action>search[Blue Shoes]</action>", "search[blue shoes]"),
+    ("<think>.</think><action>search[ ]</action>", "search[ ]"),  # blank: runs, finds nothing
     ("<think>.</think><action>click[Buy Now]</action>", None),  # not on the search page
     ("<think>.</think><action>buy now</action>", None),
     ("<think>.</think><action>search[]</action>", None),
     ("search[shoes]", None),  # no tags
 ])
 def test_parse_action_on_the_search_page(text, ok):
-    """Upstream's rules: name[arg], arg lowercased; search only with a search bar."""
-    assert parse_action(text, [], True)[0] == ok
+    """Upstream's rules: name[arg] with something inside, arg lowercased; clicks on the page's buttons."""
+    assert parse_action(text, [])[0] == ok
 
 
 def test_goals_split_is_seeded_and_disjoint(env):
