@@ -337,11 +337,11 @@ class WebShopEnv:
         if page.kind == "item":
             texts, clicks = head + ["Back to Search", "< Prev"], [BACK, PREV]
             for name, values in product["options"].items():  # a group with no values: its name alone
-                texts += [name] + [v.strip() for v in values]
-                clicks += [v for v in values if v not in clicks]
+                texts += [name] + values  # values are stripped at load
+                clicks += values
             texts += [product["Title"].strip(), f"Price: {product['Price']}", f"Rating: {product['Rating']}",
                       "Description", "Features", "Reviews", "Buy Now"]
-            return SEP.join(texts), clicks + list(SUB_PAGES) + [BUY], False
+            return SEP.join(texts), list(dict.fromkeys(clicks + list(SUB_PAGES) + [BUY])), False  # each once
         if page.kind in SUB_PAGES:
             # an empty description is no text at all; an empty bullet point is an empty text, as upstream
             body = {"description": [product["Description"].strip()] if product["Description"] else [],
