@@ -78,9 +78,13 @@ HELD_OUT_NAMES = [
 
 
 def main() -> None:
-    import spacy
+    model = sys.argv[1] if len(sys.argv) > 1 else "en_core_web_sm"
+    try:
+        import spacy
 
-    nlp = spacy.load(sys.argv[1] if len(sys.argv) > 1 else "en_core_web_sm")
+        nlp = spacy.load(model)
+    except (ImportError, OSError) as err:  # spaCy missing, or the model not installed
+        sys.exit(f"error: needs spaCy and the {model} model ({err}); see this file's docstring")
     catalog = sorted({p["name"] for p in json.loads(CATALOG.read_text())})
     nouns = lambda name: sorted({t.text.lower() for t in nlp(name) if t.pos_ in ("PNOUN", "NOUN", "PROPN")})  # noqa: E731
     out = {
