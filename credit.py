@@ -1,30 +1,48 @@
-"""Credit: does the segment multiplier land on the steps that made or broke an episode?
+"""Credit: does the hindsight teacher's gap point at the steps that broke (or made) an episode?
 
-Plays groups of G episodes with a policy (the training settings), scores every step with the
-hindsight teacher, and compares each method's per-step weight with labels from the env's
-expert, which knows the right action at every state:
-  - a step of a failed trajectory (A < 0) is a *mistake* when its answer was invalid or its
-    action differs from the expert's action at the state it acted from; *blame* = the weight
-    its tokens get relative to the group's uniform share:
-        sharpo, stepopsd: the segment multiplier m;  rlsd: the mean of its per-token m over the
-        segment (over the gap tokens);  gigpo: Ahat / A_i = 1 + omega * A_step / A_i;  grpo: 1
-  - a step of a successful trajectory (A > 0) *agrees* when it is valid and equals the expert's
-    action; *credit* = the same weight.
-    (WebShop: any search agrees with an expert search; the query text is not judged.)
-  - ROC AUC of blame vs mistake and of credit vs agreement, per method and per gap-token set
-    (all response tokens, or only those inside <action>), with a 95% bootstrap interval over
-    trajectories (steps of one trajectory are resampled together), the number of labelled steps
-    and the share of segments at the multiplier bound. 0.5 = no better than chance; GRPO's
-    weight is constant, so its AUC is 0.5 by construction: the reference line.
-Only steps of trajectories that have hindsight and A != 0 are labelled (elsewhere every
-teacher method gives 1). Output in --out: credit.json, roc.png and the table on stdout.
+Plays groups of G episodes on held-out games with a policy (the training settings), scores every
+step with the hindsight teacher and with controls, and compares each score with a label:
+  - a step of a *failed* episode is a **mistake** when its answer was invalid, or (ALFWorld,
+    the default label) when its action did not shorten the shortest remaining plan: the PDDL
+    planner's plan from the state after the step is not shorter than from the state before.
+    So a step on *any* shortest plan is no mistake. The second label is the handcoded
+    expert's: a mistake is any action other than the one that expert would take.
+  - a step of a *won* episode **agrees** when it is not a mistake by the same rule.
+  - **blame AUC** = P(a mistake gets a higher blame score than a non-mistake), on the steps of
+    failed episodes; **credit AUC** likewise with the credit score and agreement, on won ones.
+    0.5 = no better than chance.
+The scores (blame; credit is the same with the opposite sign of g):
+  method   sharpo: the segment multiplier SHARPO applies, clip(exp(-g), 1 -+ eps_m) with
+           g = mean_t (logp_teacher_t - logp_student_t) over the segment (all tokens, or
+           only those inside <action>); the teacher's hindsight is the planner's shortest plan
+           from the start. rlsd: the mean of its per-token multipliers. (StepOPSD's multiplier
+           is a monotone function of the same g: the same AUC as sharpo.)
+  placebo  the same multiplier from a teacher shown a block that carries no information about
+           this task: another task's plan of the closest length; the true plan shuffled; a
+           filler block with as many lines.
+  no teacher  the student's surprise (-mean logp_student); response length; step index; the
+           invalid flag; the action is not in the plan (string match); GiGPO's -A_step;
+           GRPO's constant weight (0.5 by construction).
+  paired   the real teacher's AUC minus each placebo's and minus the best no-teacher score,
+           with a 95% bootstrap interval, resampling whole games (all episodes of a game
+           together), the same resample for both scores.
+Identical steps (same game, same outcome, same context ids, same response ids) are scored and
+counted once: a small warm-started model often repeats itself exactly.
 
-Run: python credit.py --env alfworld        (CPU: the embedded SmolLM2 with the warm start)
-     python credit.py --env alfworld --model Qwen/Qwen2.5-7B-Instruct --data-dir DIR --max-plan-len 0 --groups 16 --group-size 8 --max-steps 50 --max-new-tokens 256
+Deviations from the training loop: every step of every failed episode is scored, also in
+groups where all episodes failed (training gives those A = 0 and so no update): the
+question here is where the teacher points, not how large the update is.
+
+Output in --out: credit.json, roc.png and the table on stdout.
+
+Run: python credit.py --env alfworld        (CPU: the embedded SmolLM2 with the warm start, our held-out games)
+     python credit.py --data-dir ../alfworld_data --split valid_seen --games 16
+     python credit.py --model Qwen/Qwen2.5-7B-Instruct --data-dir DIR --max-steps 50 --max-new-tokens 256
 """
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,12 +51,14 @@ from typing import Literal
 import numpy as np
 import torch
 
-from advantage import gigpo_step_advantages, segment_multipliers, token_multipliers
+from advantage import gigpo_step_advantages, grpo_advantages
 from checkpoint import json_safe
 from cli import UserError
-from segments import Trajectory, action_token_mask
+from segments import EXPERT_HEADLINE, Trajectory, action_token_mask, build_row, build_teacher_row, format_plan
 
-METHODS = ("sharpo", "stepopsd", "rlsd", "gigpo", "grpo")
+TEACHERS = ("plan", "other_task", "shuffled", "filler")  # the real hindsight, then the three placebos
+PLACEBOS = TEACHERS[1:]
+NO_TEACHER = ("surprise", "length", "step_index", "invalid", "not_in_plan", "gigpo", "grpo")
 
 
 @dataclass
@@ -51,25 +71,23 @@ class CreditArgs:
     checkpoint: str | None = None  # score with a train.py run's policy instead (a run folder or checkpoint)
     data_dir: str | None = None  # env data folder; default: the shipped data
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    split: str = "train"  # tasks the episodes come from
-    max_plan_len: int = 4  # only tasks whose expert plan has at most this many steps (0 = all)
-    groups: int = 8  # tasks (groups) to play
-    group_size: int = 4  # episodes per task (G)
+    split: str = "valid_seen"  # games the episodes come from (held out from the warm start, which saw train)
+    games: int = 12  # games per seed (every task type in turn); 0 = the whole split
+    group_size: int = 4  # episodes per game and seed (G)
+    seeds: str = "0,1,2"  # sampling seeds, comma-separated: each plays every game G times
     max_steps: int = 4  # env steps per episode (0 = the env's default)
     max_new_tokens: int = 64  # response length limit per turn
     history: str = "2"  # observation/action pairs in the prompt
-    hindsight: Literal["sibling", "expert"] = "expert"  # the teacher's hindsight
     mult_eps: float = 0.2  # multiplier bound eps_m
-    gigpo_gamma: float = 0.95  # GiGPO's discount (for its weight)
-    gigpo_omega: float = 1.0  # GiGPO's step-advantage weight
+    gigpo_gamma: float = 0.95  # GiGPO's discount (for its no-teacher score)
+    micro_batch_rows: int = 4  # rows per no-grad forward pass
     bootstrap: int = 1000  # bootstrap resamples for the intervals
-    seed: int = 0  # tasks, sampling, bootstrap
     out: str | None = None  # output folder; default runs/credit-<env>
 
 
-# ----------------------------------------------------------------------------- labels and AUC
+# ----------------------------------------------------------------------------- labels
 def agrees_with_expert(action: str | None, expert: str | None) -> bool:
-    """A valid action equal to the expert's (case-insensitive); a search agrees with a search."""
+    """A valid action equal to the handcoded expert's (case-insensitive); a search agrees with a search."""
     if action is None or expert is None:
         return False
     a, e = action.lower().strip(), expert.lower().strip()
@@ -77,10 +95,26 @@ def agrees_with_expert(action: str | None, expert: str | None) -> bool:
 
 
 def step_labels(trajs: list[Trajectory]) -> list[list[bool]]:
-    """Per trajectory, per step: True = the step agrees with the expert (else a mistake)."""
+    """Per trajectory, per step: True = the step agrees with the handcoded expert (else a mistake)."""
     return [[agrees_with_expert(s.action, s.expert_action) for s in t.steps] for t in trajs]
 
 
+def shortens_plan(traj: Trajectory, plans: list[list[str] | None]) -> list[bool | None]:
+    """Per step: True = valid and the shortest remaining plan got shorter; False = invalid, or
+    not shorter; None = the planner had no plan there (not labelled). plans: the planner's plan
+    from the start and after each valid action (envs.alfworld.planner_plans)."""
+    out, j = [], 0
+    for step in traj.steps:
+        if step.action is None:
+            out.append(False)
+            continue
+        before, after = plans[j], plans[j + 1] if j + 1 < len(plans) else None
+        out.append(None if before is None or after is None else len(after) < len(before))
+        j += 1
+    return out
+
+
+# ----------------------------------------------------------------------------- AUC and the bootstrap
 def roc_auc(scores, labels) -> float:
     """P(score of a positive > score of a negative), ties counting half (Mann-Whitney U / n_pos n_neg).
     nan when one class is empty."""
@@ -113,125 +147,287 @@ def roc_curve(scores, labels) -> tuple[list[float], list[float]]:
     return fpr, tpr
 
 
-def bootstrap_auc(scores, labels, traj_of, n: int, seed: int) -> tuple[float, float]:
-    """95% percentile interval of the AUC, resampling whole trajectories with replacement."""
-    scores, labels, traj_of = np.asarray(scores, float), np.asarray(labels, bool), np.asarray(traj_of)
-    trajs = np.unique(traj_of)
-    rows_of = {t: np.flatnonzero(traj_of == t) for t in trajs}
+def cluster_resamples(cluster_of, n: int, seed: int) -> list[np.ndarray]:
+    """n bootstrap resamples of row indices, drawing whole clusters (games) with replacement."""
+    cluster_of = np.asarray(cluster_of)
+    clusters = np.unique(cluster_of)
+    if len(clusters) == 0:
+        return []
+    rows_of = {c: np.flatnonzero(cluster_of == c) for c in clusters}
     rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n):
-        rows = np.concatenate([rows_of[t] for t in rng.choice(trajs, size=len(trajs), replace=True)])
-        auc = roc_auc(scores[rows], labels[rows])
-        if not np.isnan(auc):
-            values.append(auc)
+    return [np.concatenate([rows_of[c] for c in rng.choice(clusters, size=len(clusters), replace=True)])
+            for _ in range(n)]
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """95% percentile interval of the finite values (nan, nan when there are none)."""
+    values = [v for v in values if v == v]
     if not values:
         return float("nan"), float("nan")
     return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
 
 
-# ----------------------------------------------------------------------------- weights
-def method_weights(method: str, adv_row, logp_teacher, logp_student, segment_ids, gap_mask, eps: float,
-                   step_adv=None, omega: float = 1.0) -> torch.Tensor:
-    """The weight each row's segment gets relative to the group's uniform share: (B,)."""
-    if method in ("sharpo", "stepopsd"):
-        shape = "exp" if method == "sharpo" else "sigmoid"
-        return segment_multipliers(adv_row, logp_teacher, logp_student, segment_ids, eps, shape, gap_mask)[1][:, 0]
-    if method == "rlsd":
-        m = token_multipliers(adv_row, logp_teacher, logp_student, segment_ids, eps, "token", "exp")  # (B, T)
-        counted = (segment_ids >= 0) if gap_mask is None else (gap_mask & (segment_ids >= 0))  # (B, T)
-        return (m * counted).sum(1) / counted.sum(1).clamp(min=1)  # (B,) mean over the counted tokens
-    if method == "gigpo":
-        safe = torch.where(adv_row == 0, torch.ones_like(adv_row), adv_row)
-        return 1.0 + omega * step_adv / safe  # (B,) Ahat / A_i
-    if method == "grpo":
-        return torch.ones_like(adv_row)
-    raise ValueError(f"unknown method {method!r}")
+def bootstrap_auc(scores, labels, cluster_of, n: int, seed: int) -> tuple[float, float]:
+    """95% percentile interval of the AUC, resampling whole clusters (trajectories or games)."""
+    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
+    return interval([roc_auc(scores[r], labels[r]) for r in cluster_resamples(cluster_of, n, seed)])
 
 
-def score_steps(trainer, trajs: list[Trajectory], args: CreditArgs) -> dict:
-    """Every step's labels and every method's weight (one row per step, in trajectory order):
-    traj (B,) trajectory index; adv (B,) A_i; agree (B,) the expert label; scored (B,) has
-    hindsight and A != 0; weights {"<method>/<all|action>": (B,) list}."""
-    batch = trainer.make_rows(trajs)
-    trainer.score(batch)
-    trainer.advantages(batch)  # A_i of each row, as training computes it
-    steps, adv_row = batch.steps, batch.adv_row  # (B,)
-    rows_traj = torch.tensor([i for i, _ in steps])  # (B,)
-    step_adv, _ = gigpo_step_advantages(torch.tensor([s.reward for _, s in steps]), rows_traj,
-                                        [trajs[i].group for i, _ in steps], [s.anchor for _, s in steps], args.gigpo_gamma)
-    T = batch.segment_ids.shape[1]
-    action_mask = torch.zeros(len(batch.rows), T, dtype=torch.bool)  # (B, T) tokens inside <action>
-    for b, r in enumerate(batch.rows):
-        action_mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(trainer.tokenizer, r.response_ids))
-    weights = {}
-    for gap_tokens, mask in (("all", None), ("action", action_mask)):
-        for method in METHODS:
-            weights[f"{method}/{gap_tokens}"] = method_weights(
-                method, adv_row, batch.logp_teacher, batch.logp_old, batch.segment_ids, mask, args.mult_eps,
-                step_adv, args.gigpo_omega).tolist()
-    return {"traj": rows_traj.tolist(), "adv": adv_row.tolist(),
-            "agree": [a for labels in step_labels(trajs) for a in labels],
-            "scored": (batch.has_hindsight & (adv_row != 0)).tolist(), "weights": weights}
+def paired_difference(a, b, labels, cluster_of, n: int, seed: int) -> dict:
+    """AUC(a) - AUC(b) on the same steps, with a 95% interval from the same cluster resamples for both."""
+    a, b, labels = np.asarray(a, float), np.asarray(b, float), np.asarray(labels, bool)
+    diffs = [roc_auc(a[r], labels[r]) - roc_auc(b[r], labels[r]) for r in cluster_resamples(cluster_of, n, seed)]
+    low, high = interval(diffs)
+    return {"diff": roc_auc(a, labels) - roc_auc(b, labels), "low": low, "high": high}
 
 
-def auc_table(scored: dict, args: CreditArgs) -> tuple[dict, dict]:
-    """Per method and gap-token set: blame AUC on failed trajectories, credit AUC on won ones
-    (with bootstrap intervals and step counts), the share at the bound; and the ROC curves."""
-    sel = {"blame": [s and a < 0 for s, a in zip(scored["scored"], scored["adv"])],
-           "credit": [s and a > 0 for s, a in zip(scored["scored"], scored["adv"])]}
-    label = {"blame": [not a for a in scored["agree"]], "credit": scored["agree"]}
-    table, curves = {}, {}
-    for key, w in scored["weights"].items():
-        row = {}
-        for part in ("blame", "credit"):
-            idx = [b for b in range(len(w)) if sel[part][b]]
-            scores, labels = [w[b] for b in idx], [label[part][b] for b in idx]
-            low, high = bootstrap_auc(scores, labels, [scored["traj"][b] for b in idx], args.bootstrap, args.seed)
-            row[part] = {"auc": roc_auc(scores, labels), "low": low, "high": high, "steps": len(idx),
-                         "positives": int(sum(labels))}
-            curves[f"{key}/{part}"] = roc_curve(scores, labels)
-        if key.split("/")[0] in ("sharpo", "stepopsd", "rlsd"):
-            chosen = [w[b] for b in range(len(w)) if scored["scored"][b]]
-            row["at_bound"] = float(np.mean([abs(x - 1) >= args.mult_eps - 1e-6 for x in chosen])) if chosen else None
-        table[key] = row
-    return table, curves
+# ----------------------------------------------------------------------------- scores
+def multiplier(gap: torch.Tensor, sign: float, eps: float) -> torch.Tensor:
+    """SHARPO's bounded multiplier for advantage sign `sign` (METHOD.md section 4)."""
+    return torch.clamp(torch.exp(sign * gap), 1 - eps, 1 + eps)
 
 
-def measure(trainer, trajs: list[Trajectory], args: CreditArgs) -> tuple[dict, dict]:
-    """AUC table and ROC curves for every method and gap-token set, from played trajectories."""
-    return auc_table(score_steps(trainer, trajs, args), args)
+def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], response_mask: torch.Tensor,
+                action_mask: torch.Tensor, sign: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
+    """Every teacher score of every step, oriented so that higher = more weight on that step.
+
+    logp_student (B, T) and each logp_teachers[name] (B, T): log-probs of the sampled tokens;
+    response_mask (B, T): the segment's tokens; action_mask (B, T): those inside <action>;
+    sign (B,): -1 on steps of failed episodes (blame), +1 on won ones (credit).
+    Returns "<teacher>/all" and "<teacher>/action" (the segment multiplier from the gap over those
+    tokens), "<teacher>/rlsd" (the mean per-token multiplier) and "<teacher>/gap" (g itself), (B,) each."""
+    out = {}
+    for name, logp_teacher in logp_teachers.items():
+        delta = (logp_teacher - logp_student) * response_mask  # (B, T) per-token gap, 0 off the segment
+        for tokens, mask in (("all", response_mask), ("action", action_mask & response_mask)):
+            gap = (delta * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,) g over the chosen tokens
+            out[f"{name}/{tokens}"] = multiplier(gap, sign, eps)  # (B,)
+            if tokens == "all":
+                out[f"{name}/gap"] = gap
+        per_token = multiplier(delta, sign[:, None], eps) * response_mask  # (B, T)
+        out[f"{name}/rlsd"] = per_token.sum(1) / response_mask.sum(1).clamp(min=1)  # (B,)
+    return out
+
+
+def auc_table(data: dict, n_boot: int, seed: int = 0) -> dict:
+    """AUC of every score under both labels, for blame (failed episodes) and credit (won ones),
+    with game-bootstrap intervals, and the paired differences of the real teacher.
+
+    data: per step (one entry each, lists of equal length): "game", "won", "label" (planner
+    label, None = unlabelled), "label_expert" (handcoded label), and "scores": {name: list},
+    each oriented as a blame score on failed steps and a credit score on won ones."""
+    won = np.asarray(data["won"], bool)
+    table = {"scores": {}, "paired": {}, "counts": {}}
+    for part, in_part in (("blame", ~won), ("credit", won)):
+        for label_key in ("label", "label_expert"):
+            lab = [data[label_key][b] for b in range(len(won))]
+            idx = [b for b in range(len(won)) if in_part[b] and lab[b] is not None]
+            # blame: a mistake is a positive; credit: an agreeing step is
+            positives = [(not lab[b]) if part == "blame" else bool(lab[b]) for b in idx]
+            games = [data["game"][b] for b in idx]
+            table["counts"][f"{part}/{label_key}"] = {"steps": len(idx), "positives": int(sum(positives)),
+                                                       "games": len(set(games))}
+            for name, values in data["scores"].items():
+                s = [values[b] for b in idx]
+                low, high = bootstrap_auc(s, positives, games, n_boot, seed)
+                table["scores"].setdefault(name, {})[f"{part}/{label_key}"] = {
+                    "auc": roc_auc(s, positives), "low": low, "high": high}
+            if label_key != "label":
+                continue
+            real = [data["scores"]["plan/all"][b] for b in idx]
+            free = {n: roc_auc([data["scores"][n][b] for b in idx], positives) for n in NO_TEACHER}
+            best = max((n for n in free if free[n] == free[n]), key=lambda n: free[n], default="surprise")
+            for other in [f"{p}/all" for p in PLACEBOS] + [best]:
+                table["paired"][f"{part}/plan/all - {other}"] = paired_difference(
+                    real, [data["scores"][other][b] for b in idx], positives, games, n_boot, seed)
+    return table
+
+
+# ----------------------------------------------------------------------------- hindsight blocks
+def placebo_plans(plans: dict[str, list[str]], seed: int) -> dict[str, dict[str, list[str]]]:
+    """For each task: its own plan and the three placebos (another task's plan of the closest
+    length, ties to the next task in order; the plan shuffled, never left in order when it has
+    two distinct steps; filler lines, as many as the plan has)."""
+    rng = random.Random(seed)
+    tasks = sorted(plans)
+    out = {}
+    for k, task in enumerate(tasks):
+        plan = plans[task]
+        others = [t for t in tasks[k + 1 :] + tasks[:k]]
+        other = min(others, key=lambda t: abs(len(plans[t]) - len(plan))) if others else task
+        shuffled = list(plan)
+        while len(set(plan)) > 1 and shuffled == plan:
+            rng.shuffle(shuffled)
+        out[task] = {"plan": plan, "other_task": plans[other], "shuffled": shuffled,
+                     "filler": ["(step withheld)"] * len(plan)}
+    return out
+
+
+# ----------------------------------------------------------------------------- play and score
+def load(args: CreditArgs):
+    """(model, tokenizer, env) with the settings of a training run."""
+    import train
+    from checkpoint import find_checkpoint, load_checkpoint_policy
+    from envs import make_env, resolve_workers
+    from rollout import load_policy
+
+    if args.checkpoint:
+        model, tokenizer = load_checkpoint_policy(find_checkpoint(args.checkpoint))
+    else:
+        name = args.model or ("smollm2" if not torch.cuda.is_available() else None)
+        init = args.init_adapter
+        if init is None and name == "smollm2" and args.env == "alfworld":
+            init = str(train.WARMSTART)
+        model, tokenizer = load_policy(name, init_adapter=None if init in (None, "none") else init,
+                                       lora_r=8, lora_alpha=16)
+    model.eval()
+    workers = resolve_workers(args.env_workers, args.games * args.group_size if args.games else 8)
+    env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps, workers=workers)
+    return model, tokenizer, env
+
+
+def hindsight_plans(env_name: str, env, data_dir, games: list[str]) -> dict[str, list[str]]:
+    """The real hindsight of each game: ALFWorld, the planner's shortest plan from the start
+    (the same source as the label); WebShop, the env's expert plan."""
+    if env_name != "alfworld":
+        return {g: env.expert_plan(g) for g in games}
+    from envs.alfworld import planner_plans, resolve_data_dir
+
+    root = resolve_data_dir(data_dir) / "json_2.1.1"
+    return {g: planner_plans(str(root / g / "game.tw-pddl"), [])[0] or [] for g in games}
+
+
+def planner_labels(data_dir, trajs: list[Trajectory]) -> list[list[bool | None]]:
+    """shortens_plan for every step of every trajectory (the planner replays its valid actions)."""
+    from envs.alfworld import planner_plans, resolve_data_dir
+
+    root = resolve_data_dir(data_dir) / "json_2.1.1"
+    return [shortens_plan(t, planner_plans(str(root / t.task_id / "game.tw-pddl"), t.actions)) for t in trajs]
+
+
+def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels: list[list[bool | None]],
+                args: CreditArgs) -> dict:
+    """One entry per distinct step (see auc_table's data): the labels, every teacher's and every
+    no-teacher score. blocks: placebo_plans' output for the trajectories' tasks."""
+    from train import rows_logprobs
+
+    rewards = torch.tensor([t.reward for t in trajs])  # (N,)
+    adv = grpo_advantages(rewards, torch.tensor([t.group for t in trajs]))  # (N,)
+    steps = [(i, k, s) for i, t in enumerate(trajs) for k, s in enumerate(t.steps)]
+    step_adv, _ = gigpo_step_advantages(torch.tensor([s.reward for _, _, s in steps]),
+                                        torch.tensor([i for i, _, _ in steps]),
+                                        [trajs[i].group for i, _, _ in steps], [s.anchor for _, _, s in steps],
+                                        args.gigpo_gamma)  # (B_all,)
+    seen, keep = {}, []
+    for b, (i, k, s) in enumerate(steps):  # identical steps count once
+        key = (trajs[i].task_id, trajs[i].won, tuple(s.prompt_ids), tuple(s.response_ids))
+        if key not in seen:
+            seen[key] = b
+            keep.append(b)
+    steps_kept = [steps[b] for b in keep]
+    rows = [build_row(tokenizer, s.messages, s.response_ids) for _, _, s in steps_kept]
+    T = max(len(r.response_ids) for r in rows)
+    lengths = torch.tensor([len(r.response_ids) for r in rows])  # (B,)
+    response_mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    action_mask = torch.zeros(len(rows), T, dtype=torch.bool)  # (B, T) tokens inside <action>
+    for b, r in enumerate(rows):
+        action_mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(tokenizer, r.response_ids))
+    mb, pad = args.micro_batch_rows, tokenizer.pad_token_id
+    logp_student = rows_logprobs(model, rows, pad, mb, 1.0, T, desc="student")  # (B, T)
+    logp_teachers = {}
+    for name in TEACHERS:
+        teacher_rows = [build_teacher_row(tokenizer, s.messages, s.response_ids,
+                                          format_plan(EXPERT_HEADLINE, blocks[trajs[i].task_id][name]))
+                        for i, _, s in steps_kept]
+        logp_teachers[name] = rows_logprobs(model, teacher_rows, pad, mb, 1.0, T, desc=f"teacher: {name}")  # (B, T)
+    won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
+    sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
+    scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.mult_eps)
+    surprise = -(logp_student * response_mask).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
+    plan_words = {t: {a.lower() for a in blocks[t]["plan"]} for t in blocks}
+    not_in_plan = torch.tensor([float(s.action is None or s.action.lower() not in plan_words[trajs[i].task_id])
+                                for i, _, s in steps_kept])  # (B,)
+    raw = {"surprise": surprise, "length": lengths.float(),
+           "step_index": torch.tensor([float(k) for _, k, _ in steps_kept]),
+           "invalid": torch.tensor([float(s.action is None) for _, _, s in steps_kept]),
+           "not_in_plan": not_in_plan, "gigpo": -step_adv[keep], "grpo": torch.zeros(len(rows))}
+    for name, value in raw.items():  # blame scores; the credit score is the opposite
+        scores[name] = torch.where(won, -value, value) if name != "grpo" else value
+    expert = step_labels(trajs)
+    return {"game": [trajs[i].task_id for i, _, _ in steps_kept], "won": won.tolist(),
+            "adv": [float(adv[i]) for i, _, _ in steps_kept],
+            "label": [labels[i][k] for i, k, _ in steps_kept], "label_expert": [expert[i][k] for i, k, _ in steps_kept],
+            "action": [s.action for _, _, s in steps_kept], "copies": len(steps) - len(keep),
+            "scores": {k: v.tolist() for k, v in scores.items()}}
+
+
+def gap_summary(data: dict, eps: float) -> dict:
+    """The real teacher's gap g (nats per token) on mistakes and on other steps, all and action
+    tokens, with the share of segments at the multiplier bound."""
+    out = {}
+    lab = data["label"]
+    for tokens in ("gap", "all", "action"):
+        values = data["scores"][f"plan/{tokens}"]
+        if tokens == "gap":
+            mistakes = [v for v, x in zip(values, lab) if x is False]
+            others = [v for v, x in zip(values, lab) if x is True]
+            out["gap_mean_mistakes"] = float(np.mean(mistakes)) if mistakes else None
+            out["gap_mean_others"] = float(np.mean(others)) if others else None
+            out["gap_abs_mean"] = float(np.mean(np.abs(values))) if values else None
+        else:
+            out[f"mult_std/{tokens}"] = float(np.std(values)) if values else None
+            out[f"at_bound/{tokens}"] = float(np.mean([abs(v - 1) >= eps - 1e-6 for v in values])) if values else None
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+SCORE_ROWS = ([("method", f"plan/{t}") for t in ("all", "action", "rlsd")]
+              + [("placebo", f"{p}/all") for p in PLACEBOS]
+              + [("no teacher", n) for n in NO_TEACHER])
 
 
 def print_table(table: dict, info: dict) -> None:
-    print(f"\ncredit localization: {info['trajectories']} trajectories ({info['won']} won), {info['labelled_steps']} "
-          f"labelled steps, hindsight {info['hindsight']}, model {info['model']}")
-    print(f"  {'method / gap tokens':22s} {'blame AUC [95% CI]':>26s} {'steps':>6s} {'credit AUC [95% CI]':>26s} "
-          f"{'steps':>6s} {'at bound':>9s}")
-
     def cell(x):
-        return f"{x['auc']:.3f} [{x['low']:.3f}, {x['high']:.3f}]" if x["auc"] == x["auc"] else "n/a (one class empty)"
+        return "n/a" if x["auc"] != x["auc"] else f"{x['auc']:.3f} [{x['low']:.2f}, {x['high']:.2f}]"
 
-    for key, row in table.items():
-        bound = "" if row.get("at_bound") is None else f"{row['at_bound']:.2f}"
-        print(f"  {key:22s} {cell(row['blame']):>26s} {row['blame']['steps']:6d} {cell(row['credit']):>26s} "
-              f"{row['credit']['steps']:6d} {bound:>9s}")
-    print("  (0.5 = chance; grpo gives every step the same weight, so 0.5 is its value by construction)")
+    c = table["counts"]
+    print(f"\ncredit localization: {info['trajectories']} episodes ({info['won']} won) on {info['games']} games "
+          f"({info['split']}), seeds {info['seeds']}; {info['steps']} distinct steps ({info['copies']} copies dropped); "
+          f"model {info['model']}")
+    print(f"  blame: {c['blame/label']['steps']} steps of failed episodes, {c['blame/label']['positives']} mistakes "
+          f"(planner label); credit: {c['credit/label']['steps']} steps of won episodes, "
+          f"{c['credit/label']['positives']} agreeing")
+    print(f"  {'kind':10s} {'score':18s} {'blame AUC, planner':>24s} {'blame AUC, handcoded':>24s} "
+          f"{'credit AUC, planner':>24s}")
+    for kind, name in SCORE_ROWS:
+        row = table["scores"][name]
+        print(f"  {kind:10s} {name:18s} {cell(row['blame/label']):>24s} {cell(row['blame/label_expert']):>24s} "
+              f"{cell(row['credit/label']):>24s}")
+    print("  paired differences of AUC (planner label), 95% interval over games:")
+    for key, d in table["paired"].items():
+        print(f"    {key:38s} {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
+    g = info["gaps"]
+    print(f"  real teacher's gap g: mean {g['gap_mean_mistakes']} on mistakes, {g['gap_mean_others']} on other "
+          f"steps, mean |g| {g['gap_abs_mean']}; multiplier std {g['mult_std/all']}, at the bound {g['at_bound/all']}")
+    print("  (0.5 = chance; grpo weighs every step the same, so 0.5 is its value by construction)")
 
 
-def roc_png(curves: dict, path: Path) -> None:
+def roc_png(data: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
-    for ax, part, title in ((axes[0], "blame", "failed trajectories: blame vs mistake"),
-                            (axes[1], "credit", "won trajectories: credit vs agreement")):
-        for c, method in enumerate(METHODS):
-            for gap_tokens, style in (("all", "-"), ("action", ":")):
-                fpr, tpr = curves[f"{method}/{gap_tokens}/{part}"]
-                ax.plot(fpr, tpr, style, color=f"C{c}", label=f"{method} ({gap_tokens})")
+    won = np.asarray(data["won"], bool)
+    for ax, part, title in ((axes[0], "blame", "failed episodes: blame vs mistake (planner label)"),
+                            (axes[1], "credit", "won episodes: credit vs agreement (planner label)")):
+        idx = [b for b in range(len(won)) if (won[b] == (part == "credit")) and data["label"][b] is not None]
+        positives = [(not data["label"][b]) if part == "blame" else data["label"][b] for b in idx]
+        for c, (kind, name) in enumerate(SCORE_ROWS[:7] + [("no teacher", "surprise")]):
+            fpr, tpr = roc_curve([data["scores"][name][b] for b in idx], positives)
+            ax.plot(fpr, tpr, "-" if kind == "method" else ":" if kind == "placebo" else "--", color=f"C{c}",
+                    label=f"{kind}: {name}")
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("false positive rate")
@@ -243,55 +439,57 @@ def roc_png(curves: dict, path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- main
-def build_trainer(args: CreditArgs):
-    """A train.Trainer with the settings of a training run, used for its rollout and scoring stages."""
-    import train
+def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[int]) -> list[Trajectory]:
+    """Every game G times per seed; each (seed, game) is its own group."""
+    from envs import history_length
+    from rollout import ModelPolicy, play_episodes
 
-    flags = dict(env=args.env, preset="none", algo="sharpo", split=args.split, env_workers=args.env_workers, max_plan_len=args.max_plan_len,
-                 groups=args.groups, group_size=args.group_size, max_steps=args.max_steps,
-                 max_new_tokens=args.max_new_tokens, history=args.history, hindsight=args.hindsight,
-                 mult_eps=args.mult_eps, kl_coef=0.0, eval_every=0, seed=args.seed, output_dir="runs/credit-unused")
-    if args.checkpoint:
-        from checkpoint import find_checkpoint, load_checkpoint_policy, read_config
-
-        ckpt = find_checkpoint(args.checkpoint)
-        flags["model"] = read_config(ckpt)["model"]
-        model, tokenizer = load_checkpoint_policy(ckpt)
-    else:
-        model_name = args.model or ("smollm2" if not torch.cuda.is_available() else None)
-        flags["model"] = model_name
-        init = args.init_adapter
-        if init is None and model_name == "smollm2" and args.env == "alfworld":
-            init = str(train.WARMSTART)
-        flags["init_adapter"] = init if init else "none"
-        model, tokenizer = None, None
-    targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not None])
-    return train.Trainer(targs, model=model, tokenizer=tokenizer)
+    trajs = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        policy = ModelPolicy(model, tokenizer, args.max_new_tokens, temperature=1.0)
+        task_ids = [g for g in games for _ in range(args.group_size)]
+        groups = [seed * 10_000 + k for k in range(len(games)) for _ in range(args.group_size)]
+        trajs += play_episodes(env, task_ids, policy, history_length(args.history), groups, desc=f"seed {seed}")
+    return trajs
 
 
 def main(argv: list[str] | None = None) -> dict:
     from cli import check_domains, parse_dataclass
+    from eval import pick_games
 
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
-    problems = check_domains(args, positive=("groups", "group_size", "max_new_tokens", "bootstrap", "mult_eps"),
-                             non_negative=("max_steps", "max_plan_len", "gigpo_omega"))
-    if args.group_size < 2:
-        problems.append("--group-size must be >= 2: a group of one has advantage 0 and nothing to blame")
+    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows"),
+                             non_negative=("games", "max_steps"))
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")
     t0 = time.perf_counter()
-    torch.manual_seed(args.seed)
-    trainer = build_trainer(args)
-    trajs, _ = trainer.rollout(1)
-    table, curves = measure(trainer, trajs, args)
-    info = {"trajectories": len(trajs), "won": sum(t.won for t in trajs), "model": trainer.args.model,
-            "hindsight": args.hindsight, "labelled_steps": table["grpo/all"]["blame"]["steps"] + table["grpo/all"]["credit"]["steps"],
+    model, tokenizer, env = load(args)
+    try:
+        games = pick_games(env, args.split, args.games)
+        plans = hindsight_plans(args.env, env, args.data_dir, games)
+        trajs = play(model, tokenizer, env, games, args, seeds)
+    finally:
+        env.close()
+    blocks = placebo_plans(plans, seed=0)
+    labels = planner_labels(args.data_dir, trajs) if args.env == "alfworld" else step_labels(trajs)
+    data = score_steps(model, tokenizer, trajs, blocks, labels, args)
+    table = auc_table(data, args.bootstrap)
+    info = {"trajectories": len(trajs), "won": sum(t.won for t in trajs), "games": len(games), "split": args.split,
+            "seeds": args.seeds, "steps": len(data["won"]), "copies": data["copies"],
+            "model": args.checkpoint or args.model or "smollm2", "gaps": gap_summary(data, args.mult_eps),
             "seconds": time.perf_counter() - t0}
-    trainer.close()
     out.mkdir(parents=True, exist_ok=True)
-    roc_png(curves, out / "roc.png")
-    (out / "credit.json").write_text(json.dumps(json_safe({"config": asdict(args), "info": info, "table": table}), indent=1))
+    roc_png(data, out / "roc.png")
+    (out / "credit.json").write_text(json.dumps(json_safe(
+        {"config": asdict(args), "info": info, "table": table, "steps": data}), indent=1))
     print_table(table, info)
     print(f"wrote {out / 'credit.json'} and {out / 'roc.png'} ({info['seconds']:.0f} s)")
     return table

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 HINDSIGHT_HEADER = "Hindsight (information you did not have when you acted):"
+EXPERT_HEADLINE = "The expert's plan for this task, from the start:"  # --hindsight expert
+SIBLING_HEADLINE = "Another attempt at this same task succeeded with these actions:"  # --hindsight sibling
 
 
 # ----------------------------------------------------------------------------- containers
@@ -129,7 +131,7 @@ def sibling_hindsight(trajs: list[Trajectory]) -> list[str | None]:
             out.append(None)
             continue
         best = min(wins, key=lambda j: (len(trajs[j].steps), j))
-        out.append(format_plan("Another attempt at this same task succeeded with these actions:", trajs[best].actions))
+        out.append(format_plan(SIBLING_HEADLINE, trajs[best].actions))
     return out
 
 

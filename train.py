@@ -51,6 +51,7 @@ from cli import UserError
 from distributed import DataParallel
 from envs import alfworld, history_length, resolve_workers, webshop
 from segments import (
+    EXPERT_HEADLINE,
     Row,
     Trajectory,
     action_token_mask,
@@ -452,7 +453,7 @@ class Trainer:
                 traj.hindsight = text
         else:
             for traj in trajs:
-                traj.hindsight = format_plan("The expert's plan for this task, from the start:", self.env.expert_plan(traj.task_id))
+                traj.hindsight = format_plan(EXPERT_HEADLINE, self.env.expert_plan(traj.task_id))
 
     # 3. teacher: student (before the update), teacher (hindsight rows) and reference log-probs
     def score(self, batch: "RowBatch") -> dict:

@@ -1,19 +1,33 @@
-"""Warm start: teach a small model the answer format by behaviour cloning the env's expert.
+"""Warm start: teach a small model the answer format, and to read a hindsight block, by behaviour cloning.
 
 RL needs reward spread inside a group. A 135M model sampled at temperature 1 almost never
 writes <think>...</think><action>...</action> (measured on the shipped games: no valid
 answer in 40 samples), so every rollout is invalid, all rewards tie and every advantage
-is 0. This script replays the expert's plan of each training game, turns each step into a
-row (the env's context, then "<think>...</think><action>expert action</action>" and the
+is 0. This script replays the expert's plan of each training game, turns each step into
+rows (the env's context, then "<think>...</think><action>target</action>" and the
 end-of-turn token), and fits a LoRA adapter by maximum likelihood on the response tokens:
 
     L_BC = - (1 / n_tokens) * sum_{rows, t in response} log pi(a_t | c, a_<t)
 
+SHARPO's teacher is the same policy with a hindsight block in its context (METHOD.md
+section 2). A small model never shown such a block does not read it: its gap is noise. So
+each step of a plan also gives rows whose context carries a block in exactly the teacher's
+format (segments.add_hindsight, both headlines: the expert's plan and a successful sibling's):
+  - plain:          no block; target = the plan's action (the student's view);
+  - true plan:      the game's own plan; target = the plan's action;
+  - rewritten plan: the plan with this step replaced by another admissible action; target =
+                    that action. Here the block is the only way to know the target, so these
+                    rows teach reading it, not recalling a memorised plan.
+`--hindsight-rows 0` gives the format-only warm start (plain rows alone).
+
 train.py --init-adapter merges the result into the base weights before RL (the CPU demo
 preset does, with the adapter shipped in data/warmstart/), so the reference model of the
 KL term is the warm-started policy. Large models (Qwen2.5-7B-Instruct) need no warm start.
+`--check ADAPTER` measures, on games the warm start never saw, what the block does to the
+log-prob of the plan's next action and of another admissible action, and the valid-answer rate.
 
 Run: python warmstart.py --model smollm2 --out data/warmstart/smollm2-alfworld
+     python warmstart.py --check data/warmstart/smollm2-alfworld --split valid_unseen
 """
 from __future__ import annotations
 
@@ -25,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from segments import Row, build_row, collate_rows
+from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
 
 
 @dataclass
@@ -37,13 +51,16 @@ class WarmstartArgs:
     data_dir: str | None = None  # env data folder; default: the shipped games
     split: str = "train"  # games the expert plays
     history: str = "2"  # observation/action pairs in the prompt (as in train.py)
-    epochs: int = 3  # passes over the expert rows
+    epochs: int = 2  # passes over the rows
+    hindsight_rows: int = 1  # per step and headline: one true-plan and this many rewritten-plan rows (0 = plain rows only)
     batch_rows: int = 4  # rows per optimizer step
     lr: float = 1e-3  # AdamW learning rate of the LoRA weights
     lora_r: int = 4  # LoRA rank of the warm-start adapter (small: it is shipped)
     lora_alpha: int = 8  # LoRA alpha
     seed: int = 0  # seed for the row order and LoRA init
     out: str = "data/warmstart/smollm2-alfworld"  # where the adapter is saved
+    check: str | None = None  # measure this adapter (see the docstring) on --split instead of training
+    check_games: int = 12  # --check: games measured (the first N of the split, every task type in turn)
 
 
 def expert_answer(task: str, action: str) -> str:
@@ -51,23 +68,105 @@ def expert_answer(task: str, action: str) -> str:
     return f"<think>My task is to {task}. The next step is to {action}.</think><action>{action}</action>"
 
 
-def expert_rows(env, tokenizer, split: str, history_len: int | None) -> list[Row]:
-    """One row per step of each game's expert plan (env.expert_plan: the stored walkthrough, a
-    shortest plan for the short shipped games): the env's context at that step, then the
-    expert's answer and the end-of-turn token."""
+def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.Random) -> list[str] | None:
+    """The plan with step k replaced by another admissible action (None when there is none)."""
+    others = [a for a in admissible if a.lower() != plan[k].lower()]
+    if not others:
+        return None
+    return plan[:k] + [rng.choice(others)] + plan[k + 1 :]
+
+
+def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_rows: int = 0,
+                seed: int = 0) -> list[Row]:
+    """Rows for each step of each game's expert plan (env.expert_plan: the stored walkthrough, a
+    shortest plan for the short shipped games): the env's context at that step, then the target's
+    answer and the end-of-turn token. Per step: one plain row, and for each headline one true-plan
+    row and `hindsight_rows` rewritten-plan rows (see the module docstring)."""
+    rng = random.Random(seed)
     rows = []
+
+    def add(messages, task, action):
+        ids = tokenizer.encode(expert_answer(task, action), add_special_tokens=False)
+        rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
+
     for task_id in env.tasks(split):
         state = env.reset([task_id])[0]
         history: list[tuple[str, str]] = []
-        for action in env.expert_plan(task_id):
+        plan = env.expert_plan(task_id)
+        for k, action in enumerate(plan):
             messages = env.build_messages(state, history, history_len)
-            ids = tokenizer.encode(expert_answer(state.task, action), add_special_tokens=False)
-            rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
+            add(messages, state.task, action)
+            for headline in (EXPERT_HEADLINE, SIBLING_HEADLINE) if hindsight_rows else ():
+                add(add_hindsight(messages, format_plan(headline, plan)), state.task, action)
+                for _ in range(hindsight_rows):
+                    other = rewritten_plan(plan, k, state.admissible, rng)
+                    if other is not None:
+                        add(add_hindsight(messages, format_plan(headline, other)), state.task, other[k])
             history.append((state.observation, action))
             state = env.step([f"<think>-</think><action>{action}</action>"])[0]
             if state.done:
                 break
     return rows
+
+
+def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], rows_per_pass: int = 8) -> list[float]:
+    """Mean log-prob per answer token of expert_answer(task, action) and the end of turn, after
+    each case's messages: cases = [(messages, task, action)]."""
+    from rollout import response_logprobs
+
+    rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a), add_special_tokens=False)
+                      + [tokenizer.eos_token_id]) for m, t, a in cases]
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(rows), rows_per_pass):
+            batch = collate_rows(rows[s : s + rows_per_pass], tokenizer.pad_token_id)
+            logp = response_logprobs(model, batch)  # (b, T), 0 on padding
+            out += (logp.sum(1) / batch["response_len"]).tolist()
+    return out
+
+
+def reading_check(model, tokenizer, env, games: list[str], history_len: int | None, steps_per_game: int = 5,
+                  seed: int = 0) -> dict:
+    """On the first steps of each game's expert plan: the block's effect (log-prob with the
+    true-plan block minus without, nats per answer token) on the answer that takes the plan's
+    next action (on_plan), and on one that takes another admissible action (off_plan); and the
+    share of valid answers sampled at temperature 1 without a block. Reading shows as
+    on_plan > 0 > off_plan."""
+    from envs import extract_action
+    from rollout import ModelPolicy
+
+    rng = random.Random(seed)
+    on_cases, off_cases, contexts, states = [], [], [], []
+    for task_id in games:
+        state = env.reset([task_id])[0]
+        history: list[tuple[str, str]] = []
+        plan = env.expert_plan(task_id)
+        for k, action in enumerate(plan[:steps_per_game]):
+            messages = env.build_messages(state, history, history_len)
+            taught = add_hindsight(messages, format_plan(EXPERT_HEADLINE, plan))
+            on_cases += [(taught, state.task, action), (messages, state.task, action)]
+            other = rewritten_plan(plan, k, state.admissible, rng)
+            if other is not None:
+                off_cases += [(taught, state.task, other[k]), (messages, state.task, other[k])]
+            contexts.append(messages)
+            states.append(state)
+            history.append((state.observation, action))
+            state = env.step([f"<think>-</think><action>{action}</action>"])[0]
+            if state.done:
+                break
+    on, off = answer_logprobs(model, tokenizer, on_cases), answer_logprobs(model, tokenizer, off_cases)
+    on_gap = [on[j] - on[j + 1] for j in range(0, len(on), 2)]  # with the block minus without
+    off_gap = [off[j] - off[j + 1] for j in range(0, len(off), 2)]
+    policy, valid = ModelPolicy(model, tokenizer, max_new_tokens=64, temperature=1.0), 0
+    for s in range(0, len(contexts), 16):
+        for (_, _, text), st in zip(policy.act(contexts[s : s + 16], None), states[s : s + 16]):
+            action = extract_action(text)[0]
+            valid += action is not None and action.lower() in {a.lower() for a in st.admissible}
+    mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+    return {"games": len(games), "states": len(states), "on_plan": mean(on_gap), "off_plan": mean(off_gap),
+            "on_minus_off": mean(on_gap) - mean(off_gap),
+            "off_plan_lower": sum(o < 0 for o in off_gap) / max(len(off_gap), 1),
+            "valid_rate": valid / max(len(states), 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,11 +179,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
+    if args.check:
+        from eval import pick_games
+
+        model, tokenizer = load_policy(args.model, init_adapter=args.check if args.check != "none" else None,
+                                       lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
+        model.eval()
+        env = make_env(args.env, data_dir=args.data_dir)
+        result = reading_check(model, tokenizer, env, pick_games(env, args.split, args.check_games),
+                               history_length(args.history), seed=args.seed)
+        env.close()
+        print(json.dumps({"adapter": args.check, "split": args.split, **result}, indent=1))
+        return
     model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
     env = make_env(args.env, data_dir=args.data_dir)
-    rows = expert_rows(env, tokenizer, args.split, history_length(args.history))
+    rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed)
     env.close()
-    print(f"{len(rows)} expert rows, mean length {sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
+    print(f"{len(rows)} rows, mean length {sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     model.train()
     order = list(range(len(rows)))

@@ -120,8 +120,10 @@ def find_games(root: Path, split: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- engine
-def _engine(gamefile: str, max_episode_steps: int):
-    """One real ALFWorld TextWorld env for one game, with the handcoded expert attached."""
+def _engine(gamefile: str, max_episode_steps: int, expert: str = "handcoded"):
+    """One real ALFWorld TextWorld env for one game, with an expert attached: "handcoded" (the
+    package's scripted expert, its next action) or "planner" (the PDDL planner, fast-downward:
+    a shortest plan from the current state, recomputed after every step)."""
     os.environ.setdefault("ALFWORLD_DATA", str(SHIPPED_DATA))  # else importing alfworld makes ~/.cache/alfworld
     import textworld
     import textworld.gym
@@ -135,7 +137,8 @@ def _engine(gamefile: str, max_episode_steps: int):
     infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile", "expert_plan"])
     env_id = textworld.gym.register_games(
         [gamefile], infos, batch_size=1, asynchronous=False, max_episode_steps=max_episode_steps,
-        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos, AlfredExpert(expert_type=AlfredExpertType.HANDCODED)],
+        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos,
+                  AlfredExpert(expert_type=AlfredExpertType.PLANNER if expert == "planner" else AlfredExpertType.HANDCODED)],
     )
     return textworld.gym.make(env_id)
 
@@ -160,6 +163,26 @@ def expert_walkthrough(gamefile: str, max_steps: int = 50) -> tuple[list[str], b
         _, _, won, action = _unbatch(obs, info)
     env.close()
     return plan, won
+
+
+def planner_plans(gamefile: str, actions: list[str]) -> list[list[str] | None]:
+    """The planner's shortest plan from the start state and after each action in turn:
+    len(actions) + 1 plans. [] once the game is won; None where the planner found no plan
+    (or an action was not admissible there)."""
+    env = _engine(gamefile, len(actions) + 2, expert="planner")
+    obs, info = env.reset()
+    plans = []
+    for k in range(len(actions) + 1):
+        won, plan = bool(info["won"][0]), info["extra.expert_plan"][0]
+        plans.append([] if won else (list(plan) or None))
+        if k == len(actions):
+            break
+        if actions[k] not in info["admissible_commands"][0]:
+            plans += [None] * (len(actions) - k)
+            break
+        obs, _, _, info = env.step([actions[k]])
+    env.close()
+    return plans
 
 
 def replay(gamefile: str, actions: list[str]) -> bool:

@@ -4,9 +4,9 @@ Each game is a PDDL problem for the ALFRED domain that the `alfworld` package sh
 (`alfworld.info.ALFRED_PDDL_PATH`), with the package's 2.1.2 text grammar whose goal line is
 filled by `alfworld.agents.utils.misc.add_task_to_grammar`, in the layout `alfworld-download`
 produces: json_2.1.1/<split>/<task folder>/<trial>/{traj_data.json, game.tw-pddl}.
-The rooms are small (2-3 receptacles) so that an agent can win in a few steps (four games in
-3-4 steps); the walkthrough stored in game.tw-pddl is a hand-written shortest plan, checked
-here on the engine, or else the package's handcoded expert played to the win.
+The rooms are small (2-3 receptacles) so that an agent can win in a few steps (six games in
+3-4 steps); the walkthrough stored in game.tw-pddl is a shortest plan from the start state,
+found by the package's PDDL planner (fast-downward) and checked here on the engine.
 
 Run: python -m envs.make_alfworld_games [--out data/alfworld]
 """
@@ -35,16 +35,13 @@ NOT_PICKUPABLE = {"DeskLamp", "FloorLamp", "Sink"}
 OPENABLE = {"Cabinet", "Drawer", "Fridge", "Microwave", "Safe"}
 
 # One dict per game: split, task type, targets (ALFRED's pddl_params) and the room:
-# a list of (receptacle class, [object classes inside it]). solution: a shortest winning plan,
-# stored as the walkthrough (else the handcoded expert's play is stored).
+# a list of (receptacle class, [object classes inside it]).
 GAMES = [
     dict(split="train", task_type="pick_and_place_simple", obj="Mug", parent="CoffeeMachine",
-         solution=["go to countertop 1", "take mug 1 from countertop 1", "go to coffeemachine 1", "move mug 1 to coffeemachine 1"],
          room=[("CounterTop", ["Mug", "Apple"]), ("CoffeeMachine", []), ("Cabinet", ["Plate"])]),
     dict(split="train", task_type="pick_and_place_simple", obj="Book", parent="Shelf",
          room=[("Bed", ["Book", "Pillow"]), ("Shelf", ["Vase"])]),
     dict(split="train", task_type="look_at_obj_in_light", obj="Book", toggle="DeskLamp",
-         solution=["go to sidetable 1", "take book 1 from sidetable 1", "use desklamp 1"],
          room=[("SideTable", ["Book", "DeskLamp"]), ("Bed", ["Pillow"]), ("Drawer", ["Pen"])]),
     dict(split="train", task_type="pick_clean_then_place_in_recep", obj="Plate", parent="CounterTop",
          room=[("DiningTable", ["Plate", "Bread"]), ("SinkBasin", []), ("CounterTop", ["Spoon"])]),
@@ -55,15 +52,39 @@ GAMES = [
     dict(split="train", task_type="pick_two_obj_and_place", obj="CD", parent="Drawer",
          room=[("Desk", ["CD", "CD", "Pencil"]), ("Drawer", []), ("Shelf", ["AlarmClock"])]),
     dict(split="train", task_type="pick_and_place_simple", obj="KeyChain", parent="Sofa",
-         solution=["go to coffeetable 1", "take keychain 1 from coffeetable 1", "go to sofa 1", "move keychain 1 to sofa 1"],
          room=[("Sofa", ["Pillow"]), ("CoffeeTable", ["KeyChain", "RemoteControl"])]),
     dict(split="valid_unseen", task_type="pick_and_place_simple", obj="Apple", parent="Fridge",
          room=[("DiningTable", ["Apple", "Bowl"]), ("Fridge", []), ("CounterTop", ["Knife"])]),
     dict(split="valid_unseen", task_type="pick_heat_then_place_in_recep", obj="Egg", parent="CounterTop",
          room=[("Fridge", ["Egg", "Lettuce"]), ("Microwave", []), ("CounterTop", [])]),
     dict(split="valid_unseen", task_type="look_at_obj_in_light", obj="AlarmClock", toggle="DeskLamp",
-         solution=["go to desk 1", "take alarmclock 1 from desk 1", "use desklamp 1"],
          room=[("Desk", ["AlarmClock", "DeskLamp"]), ("Shelf", ["Book"])]),
+    # valid_seen: our own held-out games (the same object and receptacle classes as train, other
+    # rooms and targets), for measurements on games the warm start never saw (credit.py, warmstart.py --check)
+    dict(split="valid_seen", task_type="pick_and_place_simple", obj="Pen", parent="Drawer",
+         room=[("Desk", ["Pen", "Pencil"]), ("Drawer", []), ("Shelf", ["Book"])]),
+    dict(split="valid_seen", task_type="pick_and_place_simple", obj="Cup", parent="CounterTop",
+         room=[("DiningTable", ["Cup", "Apple"]), ("CounterTop", []), ("Cabinet", ["Bowl"])]),
+    dict(split="valid_seen", task_type="pick_and_place_simple", obj="Pillow", parent="Sofa",
+         room=[("Bed", ["Pillow"]), ("Sofa", []), ("ArmChair", ["KeyChain"])]),
+    dict(split="valid_seen", task_type="look_at_obj_in_light", obj="Pen", toggle="DeskLamp",
+         room=[("Desk", ["Pen", "DeskLamp"]), ("Bed", ["Pillow"])]),
+    dict(split="valid_seen", task_type="look_at_obj_in_light", obj="CD", toggle="DeskLamp",
+         room=[("SideTable", ["DeskLamp"]), ("Shelf", ["CD"]), ("Drawer", [])]),
+    dict(split="valid_seen", task_type="pick_clean_then_place_in_recep", obj="Fork", parent="DiningTable",
+         room=[("CounterTop", ["Fork"]), ("SinkBasin", []), ("DiningTable", [])]),
+    dict(split="valid_seen", task_type="pick_clean_then_place_in_recep", obj="Bowl", parent="Shelf",
+         room=[("CounterTop", ["Bowl", "Knife"]), ("SinkBasin", []), ("Shelf", [])]),
+    dict(split="valid_seen", task_type="pick_heat_then_place_in_recep", obj="Mug", parent="CounterTop",
+         room=[("DiningTable", ["Mug"]), ("Microwave", []), ("CounterTop", [])]),
+    dict(split="valid_seen", task_type="pick_heat_then_place_in_recep", obj="Bread", parent="DiningTable",
+         room=[("CounterTop", ["Bread"]), ("Microwave", []), ("DiningTable", ["Plate"])]),
+    dict(split="valid_seen", task_type="pick_cool_then_place_in_recep", obj="Apple", parent="DiningTable",
+         room=[("CounterTop", ["Apple"]), ("Fridge", []), ("DiningTable", ["Cup"])]),
+    dict(split="valid_seen", task_type="pick_cool_then_place_in_recep", obj="WineBottle", parent="CounterTop",
+         room=[("DiningTable", ["WineBottle"]), ("Fridge", ["Egg"]), ("CounterTop", [])]),
+    dict(split="valid_seen", task_type="pick_two_obj_and_place", obj="Book", parent="Shelf",
+         room=[("Bed", ["Book", "Book"]), ("Shelf", []), ("Desk", ["Pen"])]),
 ]
 
 
@@ -162,27 +183,24 @@ def main() -> None:
     import alfworld.info
     from alfworld.agents.utils.misc import add_task_to_grammar
 
-    from envs.alfworld import expert_walkthrough, replay
+    from envs.alfworld import planner_plans, replay
 
     domain = Path(alfworld.info.ALFRED_PDDL_PATH).read_text()
     grammar = Path(alfworld.info.ALFRED_TWL2_PATH).read_text()
     base = Path(args.out) / "json_2.1.1"
     if base.exists():
         shutil.rmtree(base)
-    random.seed(0)  # add_task_to_grammar picks a goal template with the global `random`
     for i, game in enumerate(GAMES):
         trial = f"trial_T20261130_{i:06d}_sharpo"
         folder = base / game["split"] / folder_name(game, i) / trial
         folder.mkdir(parents=True)
         traj = traj_data(game, trial)
         (folder / "traj_data.json").write_text(json.dumps(traj, indent=1))
-        gamedata = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj),
+        gamedata = {"pddl_domain": domain, "grammar": add_task_to_grammar(grammar, traj, rng=random.Random(i)),  # the goal's wording, per game
                     "pddl_problem": pddl_problem(game, f"plan_{trial}"), "solvable": True, "walkthrough": []}
         (folder / "game.tw-pddl").write_text(json.dumps(gamedata))
-        if "solution" in game:  # a shortest plan written by hand, checked on the engine here
-            plan, won = game["solution"], replay(str(folder / "game.tw-pddl"), game["solution"])
-        else:
-            plan, won = expert_walkthrough(str(folder / "game.tw-pddl"))
+        plan = planner_plans(str(folder / "game.tw-pddl"), [])[0] or []  # a shortest plan from the start
+        won = bool(plan) and replay(str(folder / "game.tw-pddl"), plan)
         gamedata["solvable"], gamedata["walkthrough"] = won, plan
         (folder / "game.tw-pddl").write_text(json.dumps(gamedata))
         print(f"{'won ' if won else 'LOST'} {len(plan):2d} steps  {folder.relative_to(base)}")

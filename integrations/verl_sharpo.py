@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # advantage.py, segments.py
 
 from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
-from segments import add_hindsight, format_plan  # noqa: E402
+from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
 
 
 def runs_of_ones(response_mask: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, clip_eps
 
 
 def hindsight_messages(messages: list[dict], actions: list[str],
-                       headline: str = "Another attempt at this same task succeeded with these actions:") -> list[dict]:
+                       headline: str = SIBLING_HEADLINE) -> list[dict]:
     """The teacher's chat messages: the hindsight block (a plan, numbered) put in front of the
     first user message, as train.py's teacher sees it (segments.add_hindsight)."""
     return add_hindsight(messages, format_plan(headline, actions))

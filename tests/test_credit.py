@@ -8,10 +8,7 @@ import torch
 
 import compare
 import credit
-import train
-from rollout import load_policy
 from segments import Step, Trajectory
-from stub_env import StubEnv
 
 
 def test_auc_of_perfect_inverted_constant_and_tied_scorers():
@@ -35,6 +32,12 @@ def test_roc_curve_and_bootstrap():
     assert low < 0.5 < high
 
 
+def test_bootstrap_of_an_empty_part_is_nan():
+    """No steps (e.g. no won episode): the interval is (nan, nan), not a crash."""
+    low, high = credit.bootstrap_auc([], [], [], 50, 0)
+    assert math.isnan(low) and math.isnan(high)
+
+
 def test_labels_follow_the_expert():
     steps = [Step([], [], [], "", "Go to desk 1", 0.0, "", "go to desk 1"),  # same action, other case: agrees
              Step([], [], [], "", None, -0.1, "", "go to desk 1"),  # invalid: a mistake
@@ -43,35 +46,62 @@ def test_labels_follow_the_expert():
     assert credit.step_labels([Trajectory("t", 0, "x", steps)]) == [[True, False, False, True]]
 
 
-def test_method_weights():
-    """SHARPO: the clipped exp(sign(A) g) of the segment; RLSD: the mean of per-token multipliers
-    over the segment; GiGPO: 1 + omega * A_step / A; GRPO: 1."""
-    adv = torch.tensor([-1.0, 2.0])
-    student = torch.zeros(2, 3)
-    teacher = torch.tensor([[-0.1, -0.1, 0.0], [0.3, 0.0, 0.0]])
-    seg = torch.tensor([[0, 0, -1], [0, 0, 0]])
-    w = credit.method_weights("sharpo", adv, teacher, student, seg, None, 0.2)
-    assert w.tolist() == pytest.approx([math.exp(0.1), math.exp(0.1)])
-    r = credit.method_weights("rlsd", adv, teacher, student, seg, None, 0.2)
-    assert r.tolist() == pytest.approx([math.exp(0.1), (1.2 + 1 + 1) / 3])
-    g = credit.method_weights("gigpo", adv, teacher, student, seg, None, 0.2, step_adv=torch.tensor([0.5, 1.0]))
-    assert g.tolist() == pytest.approx([0.5, 1.5])
-    assert credit.method_weights("grpo", adv, teacher, student, seg, None, 0.2).tolist() == [1.0, 1.0]
+def test_planner_label_accepts_any_shortest_plan():
+    """A valid step is good when the planner's remaining plan got shorter; an invalid step, or a
+    step after which the plan is as long or longer, is a mistake; no plan = unlabelled."""
+    steps = [Step([], [], [], "", a, 0.0) for a in ("go to desk 1", None, "look", "take pen 1 from desk 1", "go to bed 1")]
+    plans = [["a", "b", "c"], ["b", "c"], ["b", "c"], ["c"], None]  # start, then after each valid action
+    assert credit.shortens_plan(Trajectory("t", 0, "x", steps), plans) == [True, False, False, True, None]
 
 
-def test_measure_on_the_stub_env(tmp_path):
-    """measure() labels the stub's steps (its expert says 'win', the policy plays 'look': every
-    step a mistake) and gives GRPO its 0.5 or nan; every method and gap-token set is reported."""
-    args = train.parse_args(["--model=tiny", "--preset=none", "--groups=2", "--group-size=4", "--max-steps=2",
-                             "--max-new-tokens=8", "--eval-every=0", "--hindsight=expert", f"--output-dir={tmp_path}"])
-    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
-    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
-    trajs, _ = trainer.rollout(1)
-    table, curves = credit.measure(trainer, trajs, credit.CreditArgs(bootstrap=20))
-    assert set(table) == {f"{m}/{g}" for m in credit.METHODS for g in ("all", "action")}
-    for row in table.values():
-        assert row["blame"]["positives"] == row["blame"]["steps"]  # every failed step is a mistake here
-        assert math.isnan(row["blame"]["auc"]) or row["blame"]["auc"] == 0.5
+def test_placebo_blocks():
+    """Each task gets its own plan, another task's plan of the closest length, its plan shuffled
+    (never left in order) and as many filler lines."""
+    plans = {"a": ["x1", "x2", "x3"], "b": ["y1", "y2"], "c": ["z1", "z2", "z3", "z4"]}
+    blocks = credit.placebo_plans(plans, seed=0)
+    assert blocks["a"]["plan"] == plans["a"] and blocks["a"]["other_task"] in (plans["b"], plans["c"])
+    assert sorted(blocks["c"]["shuffled"]) == plans["c"] and blocks["c"]["shuffled"] != plans["c"]
+    assert len(blocks["b"]["filler"]) == 2 and "y1" not in blocks["b"]["filler"]
+
+
+def _scored(logp_teacher_of, n_games=12, steps_per_game=8, seed=0):
+    """A synthetic set of failed steps: the student's log-probs are random; every other step is a
+    mistake; each teacher's log-probs come from logp_teacher_of(student, mistake, rng)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, T = n_games * steps_per_game, 6
+    student = -torch.rand(B, T, generator=gen)  # (B, T)
+    mistake = torch.tensor([b % 2 == 0 for b in range(B)])  # (B,)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    teachers = {name: logp_teacher_of(name, student, mistake, gen) for name in credit.TEACHERS}
+    scores = credit.step_scores(student, teachers, mask, mask, -torch.ones(B), 0.2)
+    return {"game": [b // steps_per_game for b in range(B)], "won": [False] * B,
+            "label": (~mistake).tolist(), "label_expert": (~mistake).tolist(),
+            "scores": {**{k: v.tolist() for k, v in scores.items()},
+                       **{n: torch.rand(B, generator=gen).tolist() for n in credit.NO_TEACHER}}}
+
+
+def test_a_teacher_equal_to_the_student_scores_one_half():
+    """teacher == student: every gap is 0, every multiplier 1, so the blame AUC is exactly 0.5."""
+    data = _scored(lambda name, student, mistake, gen: student.clone())
+    table = credit.auc_table(data, n_boot=50)
+    assert table["scores"]["plan/all"]["blame/label"]["auc"] == 0.5
+    assert table["scores"]["plan/rlsd"]["blame/label"]["auc"] == 0.5
+
+
+def test_an_informative_teacher_beats_the_placebos():
+    """A teacher that lowers the log-prob of mistakes (by 0.1 nats a token, plus noise) beats
+    placebos that only add noise: blame AUC near 1, and the paired difference to each placebo
+    has its whole interval above 0."""
+    def teacher(name, student, mistake, gen):
+        noise = 0.02 * torch.randn(student.shape, generator=gen)
+        shift = -0.1 * mistake[:, None].float() if name == "plan" else 0.0
+        return student + noise + shift
+
+    table = credit.auc_table(_scored(teacher), n_boot=200)
+    assert table["scores"]["plan/all"]["blame/label"]["auc"] > 0.95
+    for placebo in credit.PLACEBOS:
+        d = table["paired"][f"blame/plan/all - {placebo}/all"]
+        assert d["low"] > 0, (placebo, d)
 
 
 def test_seed_intervals_and_summary(tmp_path):
@@ -100,3 +130,25 @@ def test_compare_refuses_flags_it_sets():
         compare.main(["--out", "/tmp/x", "--", "--seed", "3"])
     with pytest.raises(compare.UserError, match="unknown algorithm"):
         compare.main(["--algos", "ppo", "--out", "/tmp/x"])
+
+
+def test_credit_end_to_end_on_the_stub_env():
+    """play -> placebo blocks -> labels -> score_steps -> auc_table with the tiny model: every
+    score is reported for both parts, identical steps are counted once, and GRPO's constant
+    weight gives 0.5 (or nan where a part has one class)."""
+    from rollout import load_policy
+    from stub_env import StubEnv
+
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+    env = StubEnv(2)
+    args = credit.CreditArgs(group_size=4, max_new_tokens=8, bootstrap=20)
+    trajs = credit.play(model, tok, env, ["task-a", "task-b"], args, seeds=[0, 1])
+    blocks = credit.placebo_plans({t: env.expert_plan(t) for t in ("task-a", "task-b")}, seed=0)
+    data = credit.score_steps(model, tok, trajs, blocks, credit.step_labels(trajs), args)
+    assert len(data["won"]) + data["copies"] == sum(len(t.steps) for t in trajs)
+    table = credit.auc_table(data, n_boot=20)
+    for kind, name in credit.SCORE_ROWS:
+        for part in ("blame/label", "credit/label", "blame/label_expert"):
+            assert part in table["scores"][name]
+    grpo = table["scores"]["grpo"]["blame/label"]["auc"]
+    assert math.isnan(grpo) or grpo == 0.5
