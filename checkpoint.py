@@ -19,8 +19,10 @@ A checkpoint folder:
 
 Why a kill cannot lose a checkpoint: a checkpoint is written into a temporary folder and
 renamed to iter-NNNNNN only when complete (a rename is atomic); `latest` is replaced after
-that; old checkpoints are renamed away before they are deleted. Resume takes the newest
-folder named iter-NNNNNN that holds state.json, whatever `latest` says.
+that; old checkpoints are renamed away before they are deleted. Resume takes the checkpoint
+with the highest iteration among the real folders named exactly `iter-` + digits that hold
+state.json, whatever `latest` says. Anything else in checkpoints/ (a copy named iter-best, a
+symlink) is not a checkpoint of the run: never resumed from, never pruned.
 
 Folding a warm start into one adapter (exact up to float rounding): the trained policy is
     W = (W0 + s1 B1 A1) + s2 B2 A2,  s = alpha / r,
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -41,6 +44,7 @@ import torch
 from cli import UserError
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
+CHECKPOINT_NAME = re.compile(r"iter-(\d+)")  # the only names train.py gives a checkpoint
 SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # Tests set this to a function of one argument (the name of a point in the run) that raises,
@@ -88,32 +92,63 @@ def trim_log(path: Path, iteration: int) -> int:
     when something changes. Returns the number of lines dropped."""
     if not path.exists():
         return 0
-    text = path.read_text()
-    lines = text.splitlines()
+    data = path.read_bytes()
+    lines = data.splitlines()
     kept = []
     for line in lines:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill mid-write
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            continue  # a line cut short by a kill mid-write, or bytes that are no log line
         if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] <= iteration:
-            kept.append(line)
-    if len(kept) != len(lines) or (lines and not text.endswith("\n")):
+            kept.append(line.decode("utf-8"))
+    if len(kept) != len(lines) or (lines and not data.endswith(b"\n")):
         write_atomic(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
 
 
 # ----------------------------------------------------------------------------- finding checkpoints
+def checkpoint_number(folder: Path) -> int | None:
+    """The iteration in a checkpoint folder's name (iter- + digits, a real folder, not a link), else None."""
+    m = CHECKPOINT_NAME.fullmatch(folder.name)
+    return int(m.group(1)) if m and folder.is_dir() and not folder.is_symlink() else None
+
+
 def is_complete(folder: Path) -> bool:
-    return folder.name.startswith("iter-") and (folder / STATE).is_file()
+    return checkpoint_number(folder) is not None and (folder / STATE).is_file()
+
+
+def run_checkpoints(run_dir: Path, complete_only: bool = True) -> list[Path]:
+    """The run's own checkpoint folders, oldest first (by iteration number, not by name)."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    found = [c for c in folder.iterdir() if checkpoint_number(c) is not None and (is_complete(c) or not complete_only)]
+    return sorted(found, key=checkpoint_number)
+
+
+def check_latest(run_dir: Path) -> None:
+    """`latest` is either absent or a symlink into this run's own checkpoints/ folder."""
+    link = Path(run_dir) / LATEST
+    if not link.exists() and not link.is_symlink():
+        return
+    if not link.is_symlink():
+        raise UserError(f"{link} is a real {'folder' if link.is_dir() else 'file'}, not the pointer train.py keeps "
+                        "there: move it out of the run folder")
+    own = (Path(run_dir) / CHECKPOINTS).resolve()
+    if link.resolve().parent != own:
+        raise UserError(f"{link} points to {os.readlink(link)}, outside this run's {CHECKPOINTS}/ folder: "
+                        "pass the checkpoint you mean directly, or delete the link")
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint folder, or a run folder (its newest complete checkpoint)."""
     p = Path(path)
+    if p.name == LATEST and p.is_symlink():  # RUN/latest: only as a pointer into RUN's own checkpoints
+        check_latest(p.parent)
     if (p / STATE).is_file() and (p / "config.json").is_file():
         return p.resolve()
-    complete = sorted(c for c in (p / CHECKPOINTS).glob("iter-*") if is_complete(c)) if (p / CHECKPOINTS).is_dir() else []
+    complete = run_checkpoints(p)
     if complete:
         return complete[-1]
     if not p.exists():
@@ -132,15 +167,34 @@ def read_json(path: Path, what: str) -> dict:
         value = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path} is missing: {what}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a file: {what}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid JSON ({err}): {what}") from None
+    except RecursionError:
+        raise UserError(f"{path} is nested too deeply to be {what}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} should hold a JSON object: {what}")
     return value
 
 
+# The flags this module reads from a checkpoint's config.json, and the types they must have
+# (train.py checks every other flag against TrainArgs when it resumes).
+CONFIG_TYPES = {"model": (str,), "load_in_4bit": (bool, type(None)), "seed": (int,), "env": (str,),
+                "init_adapter": (str, type(None))}
+
+
 def read_config(ckpt: Path) -> dict:
-    return read_json(ckpt / "config.json", "the checkpoint's training flags")
+    config = read_json(ckpt / "config.json", "the checkpoint's training flags")
+    for key, kinds in CONFIG_TYPES.items():
+        value = config.get(key)
+        if key in ("model", "env") and key not in config:
+            raise UserError(f"{ckpt / 'config.json'}: field {key!r} is missing")
+        if key in config and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise UserError(f"{ckpt / 'config.json'}: field {key!r} should be "
+                            f"{' or '.join('null' if k is type(None) else k.__name__ for k in kinds)}, "
+                            f"found {type(value).__name__}")
+    return config
 
 
 def read_iteration(ckpt: Path) -> int:
@@ -175,7 +229,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, 
     link.symlink_to(Path(CHECKPOINTS) / final.name)
     os.replace(link, run_dir / LATEST)
     crash_point("latest updated")
-    for old in sorted(c for c in folder.glob("iter-*") if c.is_dir())[:-keep]:
+    for old in run_checkpoints(run_dir, complete_only=False)[:-keep]:  # only the run's own, strictly named
         trash = folder / f".trash-{old.name}"
         old.rename(trash)  # renamed first: a kill mid-delete leaves no half checkpoint under a real name
         shutil.rmtree(trash)
@@ -348,7 +402,10 @@ def load_optimizer_state(ckpt: Path) -> dict:
     except Exception as err:  # weights_only refuses anything but tensors and plain containers
         raise UserError(f"{path} cannot be read as tensors only ({type(err).__name__}); it is not a train.py "
                         "optimizer state or it was tampered with") from None
-    for group in state.get("state", {}).values():
+    if not (isinstance(state, dict) and isinstance(state.get("state"), dict) and isinstance(state.get("param_groups"), list)
+            and all(isinstance(v, dict) for v in state["state"].values())):
+        raise UserError(f"{path} is not an optimizer state (a dict with 'state' and 'param_groups')")
+    for group in state["state"].values():
         for value in group.values():
             if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
                 raise UserError(f"{path} holds non-finite values; resume from an earlier checkpoint")

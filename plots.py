@@ -26,25 +26,41 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         raise UserError(f"{path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line a killed run left half-written
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            continue  # a line a killed run left half-written, or not a log line at all
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
+def num(value) -> float:
+    """A logged number as a float: null (how the logs write a non-finite number) or junk becomes nan."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+
+def fmt(value, spec: str) -> str:
+    """A logged number formatted with `spec`, or n/a when it is not a finite number."""
+    x = num(value)
+    return format(x, spec) if x == x and abs(x) != float("inf") else "n/a"
+
+
 def multiplier_color(m: float, eps: float = 0.2) -> tuple[float, float, float]:
-    """RGB for a multiplier in [1 - eps, 1 + eps]: red below 1, white at 1, blue above."""
+    """RGB for a multiplier in [1 - eps, 1 + eps]: red below 1, white at 1, blue above (white when not a number)."""
+    m = num(m)
+    if m != m:
+        return (1.0, 1.0, 1.0)
     x = max(-1.0, min(1.0, (m - 1.0) / eps))  # -1 at the lower bound, +1 at the upper
     if x < 0:
         return (1.0, 1.0 + 0.65 * x, 1.0 + 0.65 * x)
     return (1.0 - 0.65 * x, 1.0 - 0.45 * x, 1.0)
 
 
-def short_task(task_id: str) -> str:
+def short_task(task_id) -> str:
     """ALFWorld ids are split/task-folder/trial: show the task folder; other ids as they are."""
-    parts = task_id.split("/")
+    parts = str(task_id).split("/")
     return parts[1] if len(parts) == 3 else task_id
 
 
@@ -60,19 +76,20 @@ def segments_html(samples: list[dict], eps: float) -> str:
              "</style></head><body><h2>Segments colored by the SHARPO multiplier</h2>",
              f"<p>red: m &lt; 1, white: m = 1, blue: m &gt; 1 (bounds {1 - eps:.2f}..{1 + eps:.2f}). "
              "Hover a token for its teacher-student gap delta_t.</p>"]
+    esc = lambda x: html.escape(str(x))  # noqa: E731  every logged field is text to escape
     for s in samples:
-        parts.append(f"<h3>iteration {s['iteration']}: {html.escape(s['task_id'])}</h3>")
-        parts.append(f"<p class='meta'>type {html.escape(str(s['task_type']))}, won {s['won']}, reward {s['reward']:+.2f}, "
-                     f"advantage A = {s['advantage']:+.3f}</p>")
+        parts.append(f"<h3>iteration {esc(s.get('iteration'))}: {esc(s.get('task_id'))}</h3>")
+        parts.append(f"<p class='meta'>type {esc(s.get('task_type'))}, won {esc(s.get('won'))}, reward "
+                     f"{fmt(s.get('reward'), '+.2f')}, advantage A = {fmt(s.get('advantage'), '+.3f')}</p>")
         if s.get("hindsight"):
-            parts.append(f"<pre class='meta'>hindsight: {html.escape(s['hindsight'])}</pre>")
-        for k, seg in enumerate(s["segments"], start=1):
-            color = _hex(multiplier_color(seg["multiplier"], eps))
-            tokens = "".join(f"<span class='tok' title='delta {d:+.3f}'>{html.escape(t)}</span>"
-                             for t, d in zip(seg["tokens"], seg["token_delta"]))
+            parts.append(f"<pre class='meta'>hindsight: {esc(s['hindsight'])}</pre>")
+        for k, seg in enumerate(s.get("segments") or [], start=1):
+            color = _hex(multiplier_color(seg.get("multiplier"), eps))
+            tokens = "".join(f"<span class='tok' title='delta {fmt(d, '+.3f')}'>{esc(t)}</span>"
+                             for t, d in zip(seg.get("tokens") or [], seg.get("token_delta") or []))
             parts.append(f"<div class='seg' style='background:{color}'><div class='meta'>step {k}: "
-                         f"gap g = {seg['gap']:+.4f}, multiplier m = {seg['multiplier']:.4f}, "
-                         f"action {html.escape(str(seg['action']))}, step reward {seg['reward']:+.1f}</div>"
+                         f"gap g = {fmt(seg.get('gap'), '+.4f')}, multiplier m = {fmt(seg.get('multiplier'), '.4f')}, "
+                         f"action {esc(seg.get('action'))}, step reward {fmt(seg.get('reward'), '+.1f')}</div>"
                          f"<pre>{tokens}</pre></div>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -86,20 +103,22 @@ def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: 
     import matplotlib.pyplot as plt
 
     chosen = [s for s in samples if s.get("hindsight")][:max_trajectories] or samples[:max_trajectories]
-    lines = sum(len(s["segments"]) + 1 for s in chosen)
+    lines = sum(len(s.get("segments") or []) + 1 for s in chosen)
     # color scale: the largest deviation shown (at least 0.01), so small multipliers stay visible
-    scale = max([abs(seg["multiplier"] - 1) for s in chosen for seg in s["segments"]] + [0.01])
+    scale = max([abs(num(seg.get("multiplier")) - 1) for s in chosen for seg in s.get("segments") or []
+                 if num(seg.get("multiplier")) == num(seg.get("multiplier"))] + [0.01])
     fig, ax = plt.subplots(figsize=(12, 0.45 * lines + 0.8))
     ax.set_axis_off()
     y = lines
     for s in chosen:
-        ax.text(0, y, f"{short_task(s['task_id'])[:60]}  won={s['won']}  R={s['reward']:+.1f}  A={s['advantage']:+.2f}",
-                fontsize=9, weight="bold", va="center")
+        ax.text(0, y, f"{short_task(s.get('task_id'))[:60]}  won={s.get('won')}  R={fmt(s.get('reward'), '+.1f')}  "
+                f"A={fmt(s.get('advantage'), '+.2f')}", fontsize=9, weight="bold", va="center",
+                parse_math=False)  # logged text is shown as it is: "$x$" in a query is no formula
         y -= 1
-        for k, seg in enumerate(s["segments"], start=1):
-            color = multiplier_color(seg["multiplier"], scale)
-            ax.text(0.01, y, f"step {k}  m={seg['multiplier']:.3f}  g={seg['gap']:+.3f}  | {seg['action'] or '(invalid)'}",
-                    fontsize=9, va="center", family="monospace",
+        for k, seg in enumerate(s.get("segments") or [], start=1):
+            color = multiplier_color(seg.get("multiplier"), scale)
+            ax.text(0.01, y, f"step {k}  m={fmt(seg.get('multiplier'), '.3f')}  g={fmt(seg.get('gap'), '+.3f')}  | "
+                    f"{seg.get('action') or '(invalid)'}", fontsize=9, va="center", family="monospace", parse_math=False,
                     bbox=dict(boxstyle="round,pad=0.3", facecolor=color, edgecolor="#888"))
             y -= 1
     ax.set_xlim(0, 1)
@@ -118,14 +137,15 @@ def curves_png(metrics: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    metrics = [m for m in metrics if isinstance(m.get("iteration"), int)]
     its = [m["iteration"] for m in metrics]
     panels = [("success", "success (rollouts)"), ("mean_reward", "mean reward R"), ("invalid_rate", "invalid-action rate"),
               ("mult_std", "multiplier std over segments")]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
     for ax, (key, title) in zip(axes, panels):
-        ax.plot(its, [m.get(key, float("nan")) for m in metrics], marker="o")
+        ax.plot(its, [num(m.get(key)) for m in metrics], marker="o")
         if key == "success" and any("eval/success" in m for m in metrics):
-            ev = [(m["iteration"], m["eval/success"]) for m in metrics if "eval/success" in m]
+            ev = [(m["iteration"], num(m["eval/success"])) for m in metrics if "eval/success" in m]
             ax.plot(*zip(*ev), marker="s", label="eval (greedy)")
             ax.legend(fontsize=8)
         if key in ("success", "invalid_rate"):
@@ -146,7 +166,7 @@ def per_type_png(metrics: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     types = sorted({k.rsplit("success/", 1)[1] for m in metrics for k in m if k.startswith(("success/", "eval/success/"))})
-    roll = [sum(m.get(f"success/{t}", 0) for m in metrics if f"success/{t}" in m) /
+    roll = [sum(num(m[f"success/{t}"]) for m in metrics if f"success/{t}" in m) /
             max(1, sum(f"success/{t}" in m for m in metrics)) for t in types]
     evals = [m for m in metrics if "eval/success" in m]
     fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -154,11 +174,12 @@ def per_type_png(metrics: list[dict], path: Path) -> None:
     ax.bar([x - 0.2 for x in xs], roll, width=0.4, label="rollouts (mean over iterations)")
     if evals:
         last = evals[-1]
-        ax.bar([x + 0.2 for x in xs], [last.get(f"eval/success/{t}", 0) for t in types], width=0.4, label="last evaluation")
+        ax.bar([x + 0.2 for x in xs], [num(last.get(f"eval/success/{t}", 0)) for t in types], width=0.4,
+               label="last evaluation")
     for container in ax.containers:
         ax.bar_label(container, fmt="%.2f", fontsize=8)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([t.replace("_", " ") for t in types], rotation=20, ha="right", fontsize=8)
+    ax.set_xticklabels([t.replace("_", " ") for t in types], rotation=20, ha="right", fontsize=8, parse_math=False)
     ax.set_ylim(0, 1)
     ax.set_ylabel("success")
     ax.legend(fontsize=8)
@@ -171,7 +192,14 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
     """Write the four files into the run folder; returns their paths."""
     run = Path(run_dir)
     metrics, samples = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl")
-    eps = json.loads((run / "config.json").read_text()).get("mult_eps", 0.2) if (run / "config.json").exists() else 0.2
+    eps = 0.2
+    if (run / "config.json").exists():
+        try:
+            eps = num(json.loads((run / "config.json").read_text()).get("mult_eps", 0.2))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
+            raise UserError(f"{run / 'config.json'} is not a JSON object of train.py flags") from None
+        if not 0 < eps < 1:
+            eps = 0.2
     out = {name: run / name for name in ("segments.html", "segments.png", "curves.png", "per_type.png")}
     out["segments.html"].write_text(segments_html(samples, eps))
     segments_png(samples, eps, out["segments.png"])

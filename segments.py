@@ -149,9 +149,9 @@ def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
         pos += len(piece)
         ends.append(pos)
     text = "".join(pieces)
-    opens = [m.start() for m in re.finditer("<action>", text, re.IGNORECASE)]  # any case, as the parser
+    opens = [m.start() for m in re.finditer("<action>", text, re.IGNORECASE | re.ASCII)]  # any ASCII case, as the parser
     start = opens[-1] if opens else -1
-    close = re.compile("</action>", re.IGNORECASE).search(text, start) if start >= 0 else None
+    close = re.compile("</action>", re.IGNORECASE | re.ASCII).search(text, start) if start >= 0 else None
     if close is None:
         return [False] * len(response_ids)
     stop = close.end()

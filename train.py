@@ -30,6 +30,7 @@ import random
 import resource
 import sys
 import time
+import types
 import typing
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
@@ -182,16 +183,25 @@ def resolve_defaults(args: TrainArgs) -> None:
 
 
 def resume_args(given: dict) -> TrainArgs:
-    """The saved run's flags, with the allowed changes; refuse the others, naming the flag."""
-    from checkpoint import find_checkpoint, read_config, run_dir_of
+    """The saved run's flags, with the allowed changes; refuse the others, naming the flag. A run
+    folder stopped before its first checkpoint restarts from iteration 1 with its saved flags."""
+    from checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 
-    ckpt = find_checkpoint(given["resume"])
-    run_dir = run_dir_of(ckpt)
-    newest = find_checkpoint(run_dir) if run_dir != ckpt else ckpt
-    if newest != ckpt:
-        raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
-                        f"{newest.name}; resume the run folder, or copy {ckpt.name} into a new run folder to branch")
-    saved = read_config(ckpt)
+    folder = Path(given["resume"])
+    fresh = (folder / "config.json").is_file() and not (folder / "state.json").is_file() and not run_checkpoints(folder)
+    if fresh:  # killed before its first checkpoint: nothing to restore but the flags
+        ckpt, run_dir, saved = None, folder, read_json(folder / "config.json", "the run's training flags")
+    else:
+        ckpt = find_checkpoint(folder)
+        run_dir = run_dir_of(ckpt)
+        newest = find_checkpoint(run_dir) if run_dir != ckpt else ckpt
+        if newest != ckpt:
+            raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
+                            f"{newest.name}; resume the run folder, or copy {ckpt.name} into a new run folder to branch")
+        saved = read_config(ckpt)
+    problems = config_type_errors(saved)
+    if problems:
+        raise UserError(f"{(ckpt or run_dir) / 'config.json'}: " + "; ".join(problems))
     if "output_dir" in given and Path(given["output_dir"]).resolve() != run_dir.resolve():
         raise UserError(f"--resume continues {run_dir} in that folder; drop --output-dir (or pass {run_dir})")
     known = {f.name for f in fields(TrainArgs)}
@@ -201,9 +211,34 @@ def resume_args(given: dict) -> TrainArgs:
         raise UserError(f"--resume continues the same experiment; these flags would change it: {flags}. "
                         "Start a new run (another --output-dir) to change them.")
     args = TrainArgs(**{**{k: v for k, v in saved.items() if k in known}, **given})
-    args.output_dir, args.resume = str(run_dir), str(ckpt)
+    args.output_dir, args.resume = str(run_dir), None if ckpt is None else str(ckpt)
     check_args(args)
     return args
+
+
+def config_type_errors(saved: dict) -> list[str]:
+    """Each saved flag whose JSON value does not fit its TrainArgs type (a hand-edited or crafted config.json)."""
+    hints, problems = typing.get_type_hints(TrainArgs), []
+    for name, value in saved.items():
+        if name not in hints:
+            continue
+        kinds = typing.get_args(hints[name]) if typing.get_origin(hints[name]) in (typing.Union, types.UnionType) \
+            else (hints[name],)
+        ok = False
+        for kind in kinds:
+            if kind is type(None):
+                ok |= value is None
+            elif typing.get_origin(kind) is Literal:
+                ok |= value in typing.get_args(kind)
+            elif kind is float:
+                ok |= isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif kind is int:
+                ok |= isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok |= isinstance(value, kind)
+        if not ok:
+            problems.append(f"field {name!r} should be {hints[name]}, found {value!r:.40}")
+    return problems
 
 
 def check_args(args: TrainArgs) -> None:
@@ -345,7 +380,11 @@ class Trainer:
         # the warm start saved with each checkpoint: the checkpoint's own copy, else --init-adapter
         self.warmstart = checkpoint_adapters(ckpt)[1] if ckpt else Path(args.init_adapter) if args.init_adapter else None
         if ckpt is not None:  # optimizer, RNG states and iteration; tensors and JSON only
-            self.optimizer.load_state_dict(load_optimizer_state(ckpt))
+            try:
+                self.optimizer.load_state_dict(load_optimizer_state(ckpt))
+            except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+                raise UserError(f"{ckpt / 'optimizer.pt'} does not fit this run's LoRA weights ({err}); "
+                                "resume from another checkpoint") from None
             restore_rng(ckpt, self.rng)
             self.iteration_done = read_iteration(ckpt)
         if self.dist.rank:  # [distributed] the same tasks (self.rng) everywhere, other samples per process
@@ -709,13 +748,16 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     What a kill at any moment costs: at most the iterations since the last checkpoint. The
     logs are append-only; at resume, lines after the checkpoint's iteration (and a torn last
     line) are dropped, so the resumed run's log reads as if it had never stopped."""
-    from checkpoint import append_jsonl, crash_point, trim_log, write_atomic
+    from checkpoint import append_jsonl, check_latest, crash_point, run_checkpoints, trim_log, write_atomic
 
     out = Path(args.output_dir)
     dist = trainer.dist if trainer else DataParallel()
-    if not args.resume and any((out / name).exists() for name in ("checkpoints", "metrics.jsonl", "config.json")):
+    check_latest(out)  # a `latest` that is no pointer into this run: stop before any work, not after
+    if not args.resume and run_checkpoints(out):
         raise UserError(f"{out} already holds a run; continue it with `python train.py --resume {out}`, "
                         "or choose another --output-dir")
+    if not args.resume and any((out / name).exists() for name in ("metrics.jsonl", "config.json")) and dist.main:
+        print(f"{out} holds no checkpoint yet (a run stopped before its first one): starting it from iteration 1")
     dist.barrier()  # [distributed] every process has looked before the main one writes
     trainer = trainer or Trainer(args, dist=dist)
     metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"

@@ -86,7 +86,9 @@ class EnvStep:
     info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
 
 
-_TAGS = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)  # opening and closing tags, any case
+# opening and closing tags, any case of ASCII letters only: without re.ASCII, IGNORECASE would
+# also match e.g. the Kelvin sign (U+212A) as a "k" in <thinK>
+_TAGS = re.compile(r"<(/?)(think|action)>", re.IGNORECASE | re.ASCII)
 
 
 def _blocks(text: str, name: str) -> list[tuple[int, int]]:

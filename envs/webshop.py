@@ -44,7 +44,6 @@ BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 SUB_PAGES = ("description", "features", "reviews")
 SEP = " [SEP] "
 _WORD = re.compile(r"\w+(?:\.\w+)*")
-_ACTION = re.compile(r"(.+)\[(.+)\]")
 
 
 # ----------------------------------------------------------------------------- data
@@ -253,9 +252,15 @@ class Page:
 
 def parse_web_action(action: str) -> tuple[str, str | None]:
     """Upstream's parse, 'name[arg]' -> (name, lowercased arg), over the whole action: text
-    after the closing ']' makes it (text, None), an invalid action (upstream ignores such text)."""
-    m = _ACTION.fullmatch(action)
-    return (action, None) if m is None else (m.group(1), m.group(2).lower())
+    after the closing ']' makes it (text, None), an invalid action (upstream ignores such text).
+
+    The same split as upstream's regex `(.+)\\[(.+)\\]` (greedy, matched over the whole action):
+    the name ends at the last '[' that leaves a non-empty argument before the final ']'. Found
+    with one rfind, in linear time (the regex backtracks quadratically on a run of '[')."""
+    if "\n" in action or len(action) < 4 or not action.endswith("]"):  # `.` matches no newline
+        return action, None
+    cut = action.rfind("[", 1, len(action) - 2)  # a name of >= 1 char, an argument of >= 1 char
+    return (action, None) if cut < 0 else (action[:cut], action[cut + 1 : -1].lower())
 
 
 def parse_action(text: str, clickables: list[str]) -> tuple[str | None, str]:

@@ -30,16 +30,19 @@ def _serve(conn, name: str, kwargs: dict) -> None:
     from envs import make_env
 
     env = make_env(name, **kwargs)
-    while True:
-        command, payload = conn.recv()
-        if command == "reset":
-            conn.send((env.reset(payload), dict(env.seconds)))
-        elif command == "step":
-            conn.send((env.step(payload), dict(env.seconds)))
-        elif command == "close":
-            env.close()
-            conn.send(None)
-            return
+    try:
+        while True:
+            command, payload = conn.recv()
+            if command == "reset":
+                conn.send((env.reset(payload), dict(env.seconds)))
+            elif command == "step":
+                conn.send((env.step(payload), dict(env.seconds)))
+            elif command == "close":
+                env.close()
+                conn.send(None)
+                return
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        return  # the parent is gone (it stopped on an error, was interrupted or killed): leave quietly
 
 
 class WorkerEnv:

@@ -1,4 +1,7 @@
 """plots.py turns a run folder into the segment view (HTML, PNG) and the learning curves."""
+import html as html_lib
+import json
+
 import pytest
 
 from cli import UserError
@@ -38,3 +41,26 @@ def test_multiplier_colors():
 def test_missing_run_folder_says_what_to_pass(tmp_path):
     with pytest.raises(UserError, match="run folder"):
         make_plots(tmp_path)
+
+
+def test_hostile_logs_are_drawn_as_text(tmp_path):
+    """A null where a number was non-finite, a `$...$` query (matplotlib math syntax), markup in
+    every text field and a line that is not UTF-8: all four files are written, the markup is
+    escaped wherever it appears, and the null shows as n/a."""
+    run = tmp_path / "run"
+    run.mkdir()
+    sample = {"iteration": "<b>1</b>", "task_id": "<i>t</i>", "task_type": "<x>", "won": "<script>", "reward": None,
+              "advantage": 1.0, "hindsight": "<h>", "segments": [
+                  {"observation": "o", "response": "r", "action": "search[$x_y_z$]", "reward": None, "gap": None,
+                   "multiplier": None, "tokens": ["<t>", "$a_b$"], "token_delta": [None, 0.1]}]}
+    (run / "samples.jsonl").write_bytes(json.dumps(sample).encode() + b"\n\xff\xfe not utf-8\n")
+    metrics = {"iteration": 1, "success": None, "mean_reward": 0.0, "invalid_rate": 0.0, "mult_std": None,
+               "success/$a_b$": 0.5}
+    (run / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
+    files = make_plots(run)
+    html = files["segments.html"].read_text()
+    for raw in ("<b>1</b>", "<i>t</i>", "<x>", "<script>", "<h>", "<t>"):
+        assert raw not in html and html_lib.escape(raw) in html
+    assert "multiplier m = n/a" in html
+    for name in ("segments.png", "curves.png", "per_type.png"):
+        assert files[name].stat().st_size > 1000

@@ -259,6 +259,35 @@ def test_webshop_actions_are_the_whole_answer():
         assert parse_action(f"<think>x</think><action>click[< prev]{tail}</action>", clicks)[0] is None
 
 
+def test_tags_fold_case_over_ascii_only():
+    """<THINK> and <Action> are tags; a Unicode letter that lowercases to an ASCII one (the
+    Kelvin sign U+212A -> "k", the long s U+017F -> "s"...) does not make a tag."""
+    assert extract_action("<THINK>x</Think><ACTION>look</action>")[0] == "look"
+    for odd in ("<thin\u212a>x</think><action>look</action>", "<think>x</thin\u212a><action>look</action>",
+                "<think>x</think><\u212bction>look</action>"):
+        assert extract_action(odd)[0] is None
+
+
+def test_webshop_action_parse_is_linear_and_matches_upstreams_regex():
+    """The split of name[arg] is upstream's `(.+)\\[(.+)\\]` fullmatch on every short string over
+    a small alphabet, and 64 kB of '[' parse in milliseconds (the regex took ~30 s)."""
+    import random
+    import re
+
+    from envs.webshop import parse_web_action
+
+    upstream = re.compile(r"(.+)\[(.+)\]")
+    rng = random.Random(0)
+    for _ in range(20_000):
+        a = "".join(rng.choice("ab[] \n") for _ in range(rng.randint(0, 8)))
+        m = upstream.fullmatch(a)
+        assert parse_web_action(a) == ((a, None) if m is None else (m.group(1), m.group(2).lower())), a
+    start = time.perf_counter()
+    assert parse_web_action("[" * 65_536) == ("[" * 65_536, None)
+    assert parse_web_action("click" + "[" * 65_537 + "x]") == ("click" + "[" * 65_536, "x")
+    assert time.perf_counter() - start < 0.5
+
+
 def test_tag_parsing_is_linear_on_tag_spam():
     """500 kB of unclosed tags parse in well under a second (regex pairing took ~minutes)."""
     spam = "<action>" * 40_000 + "<think>" * 20_000 + "</think" * 10_000

@@ -1,0 +1,159 @@
+"""Run folders a user copied into, crafted, or half-wrote: checkpoints are only what train.py
+wrote, `latest` only points into its own run, a run killed before its first checkpoint can go
+on, no code runs from a model a run folder names, and every broken file is one clear error."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+import train
+from cli import UserError
+from tiny_runs import tiny_args, tiny_train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def run2(tmp_path):
+    """A finished 2-iteration tiny run (checkpoints iter-000001 and iter-000002)."""
+    out = tmp_path / "run"
+    tiny_train(tiny_args(out, iterations=2))
+    return out
+
+
+def test_a_foreign_folder_in_checkpoints_is_never_resumed_or_pruned(run2):
+    """A copy named iter-best (sorts after iter-000002 by name) and a symlink named like a
+    checkpoint are not the run's: resume takes iter-000002, and pruning with keep 1 deletes
+    only the run's own older checkpoint."""
+    ckpts = run2 / "checkpoints"
+    shutil.copytree(ckpts / "iter-000001", ckpts / "iter-best")
+    os.symlink(ckpts / "iter-000001", ckpts / "iter-999999")
+    assert checkpoint.find_checkpoint(run2).name == "iter-000002"
+    args = train.parse_args(["--resume", str(run2), "--iterations", "3", "--keep-checkpoints", "1"])
+    assert Path(args.resume).name == "iter-000002"
+    tiny_train(args)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter-000003", "iter-999999", "iter-best"]
+    assert os.readlink(run2 / "latest") == "checkpoints/iter-000003"
+
+
+def test_checkpoints_sort_by_iteration_not_by_name(tmp_path):
+    """iter-1000000 (seven digits) is newer than iter-999999, though it sorts before it as text."""
+    for n in (999_999, 1_000_000):
+        folder = tmp_path / "checkpoints" / f"iter-{n:06d}"
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text(json.dumps({"iteration": n}))
+    assert checkpoint.find_checkpoint(tmp_path).name == "iter-1000000"
+
+
+def test_latest_must_point_into_its_own_run(run2, tmp_path):
+    """RUN/latest pointing into another run is refused (eval would score the other run and
+    write into it); a `latest` that is a real folder stops training before any iteration."""
+    other = tmp_path / "other"
+    shutil.copytree(run2, other, symlinks=True)
+    (other / "latest").unlink()
+    os.symlink(run2 / "checkpoints" / "iter-000001", other / "latest")
+    with pytest.raises(UserError, match="outside this run"):
+        checkpoint.find_checkpoint(other / "latest")
+    assert checkpoint.find_checkpoint(run2 / "latest").name == "iter-000002"
+    (run2 / "latest").unlink()
+    (run2 / "latest").mkdir()
+    with pytest.raises(UserError, match="real folder"):
+        tiny_train(train.parse_args(["--resume", str(run2), "--iterations", "3"]))
+    assert checkpoint.read_iteration(checkpoint.find_checkpoint(run2)) == 2  # nothing was written
+
+
+def test_a_run_killed_before_its_first_checkpoint_goes_on(tmp_path, capsys):
+    """config.json and a metrics line, no checkpoint (a kill in iteration 1): --resume starts it
+    from iteration 1 with its saved flags, and a plain restart starts it afresh; either way one
+    line says so, and the log holds each iteration once."""
+    for how in ("resume", "restart"):
+        out = tmp_path / how
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps(vars(tiny_args(out, iterations=2))))
+        (out / "metrics.jsonl").write_text('{"iteration": 1, "success": 0.5}\n')
+        args = train.parse_args(["--resume", str(out)]) if how == "resume" else tiny_args(out, iterations=2)
+        assert args.resume is None and args.iterations == 2
+        history, _ = tiny_train(args)
+        assert [m["iteration"] for m in history] == [1, 2]
+        assert "holds no checkpoint yet" in capsys.readouterr().out
+        logged = [json.loads(line)["iteration"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert logged == [1, 2]
+
+
+def _break(ckpt: Path, how: str) -> None:
+    """Damage one file of a checkpoint the way a bad disk, a bad copy or a hostile sender would."""
+    if how == "adapter bytes":
+        (ckpt / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    elif how == "adapter as .bin":
+        (ckpt / "adapter_model.safetensors").rename(ckpt / "adapter_model.bin")
+    elif how == "adapter config":
+        (ckpt / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": "eight"}))
+    elif how == "optimizer structure":
+        torch.save({"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"params": [0]}]}, ckpt / "optimizer.pt")
+    elif how == "optimizer not a dict":
+        torch.save([torch.zeros(2)], ckpt / "optimizer.pt")
+    elif how == "config types":
+        config = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**config, "lr": "fast", "groups": [2]}))
+    elif how == "config deep":
+        (ckpt / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif how == "model with custom code":
+        model_dir = ckpt.parent.parent / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoConfig": "x.Y"}}))
+        config = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**config, "model": str(model_dir)}))
+
+
+BREAKS = ["adapter bytes", "adapter as .bin", "adapter config", "optimizer structure", "optimizer not a dict",
+          "config types", "config deep", "model with custom code"]
+
+
+@pytest.mark.parametrize("how", BREAKS)
+def test_a_broken_checkpoint_is_one_error_on_resume(run2, how):
+    """Resume of a damaged checkpoint stops with a UserError naming the file (no traceback)."""
+    _break(run2 / "checkpoints" / "iter-000002", how)
+    with pytest.raises(UserError) as err:
+        tiny_train(train.parse_args(["--resume", str(run2), "--iterations", "3"]))
+    assert "iter-000002" in str(err.value) or "model" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("how", ["adapter bytes", "adapter as .bin", "config deep", "model with custom code"])
+def test_a_broken_checkpoint_is_one_line_from_eval(run2, how):
+    """eval.py --checkpoint on a damaged checkpoint: exit 2, one line, no traceback."""
+    _break(run2 / "checkpoints" / "iter-000002", how)
+    proc = subprocess.run([sys.executable, "eval.py", "--policy", "model", "--checkpoint", str(run2), "--env", "webshop",
+                           "--num-games", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+
+
+def test_non_utf8_bytes_in_a_log_are_dropped_at_resume(run2):
+    """A line that is not UTF-8 in metrics.jsonl is dropped like a torn line, not a crash."""
+    with (run2 / "metrics.jsonl").open("ab") as f:
+        f.write(b'\xff\xfe{"iteration": 1}\n')
+    history, _ = tiny_train(train.parse_args(["--resume", str(run2), "--iterations", "3"]))
+    assert [m["iteration"] for m in history] == [3]
+    assert [json.loads(x)["iteration"] for x in (run2 / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_no_model_folder_with_custom_code_is_loaded(tmp_path):
+    """A model folder whose config asks for custom code (auto_map) is refused before any
+    transformers call that could ask to run it; so is a path that is neither a folder nor an id."""
+    from rollout import check_model_source, load_policy
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["x.T", None]}}))
+    with pytest.raises(UserError, match="custom code"):
+        load_policy(str(folder))
+    with pytest.raises(UserError, match="Hugging Face id"):
+        check_model_source(str(tmp_path / "missing"))
+    check_model_source("Qwen/Qwen2.5-7B-Instruct")  # an id: fine

@@ -1,0 +1,17 @@
+"""Short training runs for tests: the tiny random model on the scripted StubEnv (seconds each)."""
+import train
+from stub_env import StubEnv
+
+
+def tiny_args(out, **kw) -> "train.TrainArgs":
+    """train.py's flags for a 3-iteration tiny run into `out`, with `kw` overriding."""
+    base = dict(model="tiny", preset="none", iterations=3, groups=2, group_size=4, max_steps=2, max_new_tokens=8,
+                lr=1e-2, lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", seed=5, output_dir=str(out))
+    base.update(kw)
+    return train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in base.items()])
+
+
+def tiny_train(args) -> tuple[list[dict], "train.Trainer"]:
+    """Run (or resume) `args` on the StubEnv; returns (metrics of the iterations run, trainer)."""
+    trainer = train.Trainer(args, env=StubEnv(args.max_steps))
+    return train.train(args, trainer), trainer
