@@ -408,6 +408,9 @@ class Trainer:
         env_before, crashes_before = sum(self.env.seconds.values()), getattr(self.env, "crashes", 0)
         trajs, policy = self.rollout(it)  # 1. rollout
         t["rollout"], clock = time.perf_counter() - clock, time.perf_counter()
+        if not any(traj.steps for traj in trajs):
+            raise UserError(f"iteration {it}: no episode played a step (every one ended in an env crash; "
+                            "see the warnings above for the game files)")
         t["env"] = sum(self.env.seconds.values()) - env_before  # the env's share of the rollout
         crash_point("rollout")
         batch = self.make_rows(trajs)  # 2. segments

@@ -94,10 +94,35 @@ def check_game(folder: Path) -> bool:
     _check_fields(traj["pddl_params"], PDDL_PARAMS, f"{traj_path}: pddl_params")
     game = _load_json_object(game_path)
     _check_fields(game, GAME_FIELDS, str(game_path))
+    for key, head in (("pddl_domain", "(define (domain"), ("pddl_problem", "(define (problem"), ("grammar", "grammar ::")):
+        text = re.sub(r";[^\n]*", "", game[key]).lstrip() if key != "grammar" else game[key].lstrip()  # PDDL comments
+        if not text.lower().startswith(head) or (key != "grammar" and not balanced(text)):
+            raise DataError(f"{game_path}: field {key!r} is not a{' PDDL' if key != 'grammar' else ''} "
+                            f"{key.split('_')[-1]} (it should start with {head!r}{' and balance its parentheses' if key != 'grammar' else ''})")
     walkthrough = game.get("walkthrough")
     if walkthrough is not None and not (isinstance(walkthrough, list) and all(isinstance(a, str) for a in walkthrough)):
         raise DataError(f"{game_path}: field 'walkthrough' should be a list of action strings")
+    for action in walkthrough or []:
+        if not action.isascii() or not action.isprintable():
+            raise DataError(f"{game_path}: walkthrough action {action[:40]!r} has characters no action can hold")
+        if action.split(" ", 1)[0] not in VERBS:
+            raise DataError(f"{game_path}: walkthrough action {action[:40]!r} is no ALFWorld command "
+                            f"(commands start with one of {', '.join(VERBS)})")
     return game["solvable"]
+
+
+VERBS = ("go", "take", "move", "put", "open", "close", "toggle", "use", "heat", "cool", "clean", "slice", "examine",
+         "look", "inventory", "help")  # the first word of every command the 2.1.2 grammar admits
+
+
+def balanced(text: str) -> bool:
+    """Parentheses close in order and all close (a cheap check that a PDDL text is not garbage)."""
+    depth = 0
+    for c in text:
+        depth += (c == "(") - (c == ")")
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def find_games(root: Path, split: str) -> list[str]:
@@ -270,8 +295,13 @@ class AlfWorldEnv:
         for task_id in task_ids:
             gamefile = self.gamefile(task_id)
             pool = self._engines.setdefault(gamefile, [])
-            engine = pool.pop() if pool else _engine(gamefile, self.max_steps + 10)
-            obs, info = engine.reset()
+            try:
+                engine = pool.pop() if pool else _engine(gamefile, self.max_steps + 10)
+                obs, info = engine.reset()
+            except Exception as err:  # the engine's own parse of a game it cannot play, whatever it raises
+                detail = str(err).splitlines()[0][:160] if str(err) else "no detail"
+                raise DataError(f"{gamefile}: the ALFWorld engine cannot load this game "
+                                f"({type(err).__name__}: {detail})") from None
             text, admissible, won, expert = _unbatch(obs, info)
             match = _TASK.search(text)
             task = match.group(1).strip().rstrip(".") if match else ""

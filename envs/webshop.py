@@ -16,6 +16,11 @@ Deviations from upstream, and why:
     Upstream's special queries (`<r>`, `<a>`, `<c>`, `<q>` first words) are not supported.
   - r_type approximates spaCy's nouns (envs/webshop_reward.py says how; it errs low).
   - The done page shows the score, not an MTurk code and the goal's fields.
+  - Option values (and the goals' options, the same way) are made clickable: folded to ASCII
+    (NFKD, lower case: "Café™" -> "cafetm"; a character with no ASCII form is dropped), '[' ']' written
+    '(' ')', because an action is printable ASCII and `click[...]` cannot hold a bracket. Upstream
+    shows them as they are, so such a value could never be chosen. A value that is then empty,
+    or names a page button ("buy now", "description", ...), is a data error.
 Goals: upstream's human goals (items_human_ins.json), each with a price limit drawn above the
 product's sampled price as upstream does; shuffled with random.Random(233) (upstream's seed),
 the first 500 are `test` (upstream's test goals) -- the first quarter when there are fewer
@@ -25,10 +30,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import random
 import re
 import time
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -42,6 +49,7 @@ PAGE_SIZE, SEARCH_TOP = 10, 50
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 SUB_PAGES = ("description", "features", "reviews")
+BUTTONS = (BACK, NEXT, PREV, BUY, "search", *SUB_PAGES)  # what a page's own buttons are called
 SEP = " [SEP] "
 _WORD = re.compile(r"\w+(?:\.\w+)*")
 
@@ -86,6 +94,14 @@ def _str_list(value, where: str) -> list[str]:
 
 
 _ASIN = re.compile(r"[A-Z0-9]{10}")
+MAX_PRICE = 1_000_000.0  # dollars: a price at or above it (or not finite) is a data error
+
+
+def clickable(value: str) -> str:
+    """An option value as an agent can click it (see the module docstring): lower-case ASCII
+    (a click's argument is lowercased), no brackets, single spaces."""
+    ascii_text = unicodedata.normalize("NFKD", value).encode("ascii", "ignore").decode("ascii").lower()
+    return " ".join(ascii_text.replace("[", "(").replace("]", ")").split())
 
 
 def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
@@ -114,6 +130,9 @@ def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
         pricing = _field(p, "pricing", items_path, asin, (str, type(None)))
         prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing or "").split("$")[1:] if re.fullmatch(r"\d+(\.\d+)?", re.sub(r"[^\d.]", "", x))]
         prices = prices[:2] or [100.0]
+        if not all(math.isfinite(x) and 0 <= x < MAX_PRICE for x in prices):
+            raise DataError(f"{items_path}: product {asin}, field 'pricing' {str(pricing)[:40]!r}: a price must be "
+                            f"a finite number of dollars below {MAX_PRICE:,.0f}")
         price_tag = " to ".join(f"${x}" for x in prices)  # upstream's f"${float}": $9.5, $45.0
         options = {}
         for name, contents in (_field(p, "customization_options", items_path, asin, (dict, type(None)), True) or {}).items():
@@ -121,7 +140,12 @@ def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
                 continue
             if not isinstance(contents, list) or not all(isinstance(c, dict) and isinstance(c.get("value"), str) for c in contents):
                 raise DataError(f"{items_path}: product {asin}, option {name!r} should be a list of {{'value': str}}")
-            options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+            values = [clickable(c["value"].strip().replace("/", " | ").lower()) for c in contents]
+            for value in values:
+                if not value or value in BUTTONS:
+                    raise DataError(f"{items_path}: product {asin}, option {name!r}: value {value!r} cannot be "
+                                    f"chosen ({'empty once made clickable' if not value else 'it is a page button'})")
+            options[name.lower()] = values
         attr = attrs.get(asin, {"attributes": ["DUMMY_ATTR"]})
         if not isinstance(attr, dict) or "attributes" not in attr:
             raise DataError(f"{attrs_path}: product {asin} should map to {{'attributes': [...]}}")
@@ -183,7 +207,7 @@ def make_goals(products: list[dict], human: dict, prices: dict[str, float], seed
             goals.append({
                 "asin": p["asin"], "category": p["category"], "query": p["query"], "name": p["name"],
                 "product_category": p["product_category"], "attributes": attributes,
-                "goal_options": list(ins.get("instruction_options") or []), "price_upper": price_upper,
+                "goal_options": [clickable(o) for o in ins.get("instruction_options") or []], "price_upper": price_upper,
                 "words": ins["instruction"].strip().strip("."),
                 "instruction_text": ins["instruction"].strip(".") + price_text,  # upstream strips only the dots
             })

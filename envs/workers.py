@@ -22,6 +22,7 @@ import multiprocessing as mp
 import sys
 import time
 
+from cli import DataError
 from envs import EnvStep, check_responses
 
 
@@ -33,14 +34,15 @@ def _serve(conn, name: str, kwargs: dict) -> None:
     try:
         while True:
             command, payload = conn.recv()
-            if command == "reset":
-                conn.send((env.reset(payload), dict(env.seconds)))
-            elif command == "step":
-                conn.send((env.step(payload), dict(env.seconds)))
-            elif command == "close":
+            if command == "close":
                 env.close()
                 conn.send(None)
                 return
+            try:
+                answer = env.reset(payload) if command == "reset" else env.step(payload)
+            except DataError as err:  # a game the engine cannot play: the parent stops with this one line
+                answer = err
+            conn.send((answer, dict(env.seconds)))
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return  # the parent is gone (it stopped on an error, was interrupted or killed): leave quietly
 
@@ -120,6 +122,8 @@ class WorkerEnv:
                 answer, seconds = self._conns[k].recv()
                 self.worker_seconds[k] = seconds
                 out[k] = answer
+                if isinstance(answer, DataError):
+                    raise answer  # bad data, not a crash: the same error an in-process env raises
             except (EOFError, ConnectionResetError, OSError) as err:
                 self._crashed(k, f"{type(err).__name__}, exit code {self._procs[k].exitcode}")
                 out[k] = None
