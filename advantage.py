@@ -6,7 +6,7 @@ Equations (METHOD.md; the numbers are its sections):
       g_{i,k} = mean_{t in a_k} delta_t                                              segment gap
   (4) m_{i,k} = clip(exp(sign(A_i) * g_{i,k}), 1 - eps_m, 1 + eps_m)                 multiplier
       Ahat_{i,t} = A_i * ((1 - lam) + lam * m_{i,k(t)})                              token advantage
-  (5) L = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) )  r = exp(logp_new - logp_old)
+  (5) L = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) )  r = exp(logp_new - logp_student)
         + kl_coef * token_mean(k3(logp_ref, logp_new))
         + sdar_coef * token_mean_{hindsight rows}( sg(sigmoid(beta * delta)) * (sg(logp_teacher) - logp_new) )
 Baselines, one argument apart: GRPO = lam 0; RLSD = the multiplier per token
@@ -25,6 +25,8 @@ group gets A = 0 (verl returns its raw reward); a group whose rewards are all eq
 exactly 0 (checked with max == min, not left to floating-point rounding).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -58,14 +60,14 @@ def grpo_advantages(
 
 
 # ----------------------------------------------------------------------------- (3)-(4) SHARPO
-def _check_mixing(lam: float, clip_eps: float) -> None:
+def _check_mixing(lam: float, mult_eps: float) -> None:
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lam must be in [0, 1] (0 = plain GRPO, 1 = multiplier only); got {lam}")
-    if not 0.0 < clip_eps < 1.0:
-        raise ValueError(f"clip_eps (the multiplier bound eps_m) must be in (0, 1); got {clip_eps}")
+    if not 0.0 < mult_eps < 1.0:
+        raise ValueError(f"mult_eps (the multiplier bound eps_m, --mult-eps) must be in (0, 1); got {mult_eps}")
 
 
-def _bounded_multiplier(z: torch.Tensor, clip_eps: float, shape: str) -> torch.Tensor:
+def _bounded_multiplier(z: torch.Tensor, mult_eps: float, shape: str) -> torch.Tensor:
     """m = clip(f(z), 1 - eps_m, 1 + eps_m) with f = exp (SHARPO, RLSD) or 2*sigmoid (StepOPSD)."""
     if shape == "exp":
         m = torch.exp(z)
@@ -73,7 +75,7 @@ def _bounded_multiplier(z: torch.Tensor, clip_eps: float, shape: str) -> torch.T
         m = 2.0 * torch.sigmoid(z)
     else:
         raise ValueError(f"shape must be 'exp' or 'sigmoid'; got {shape!r}")
-    return m.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    return m.clamp(1.0 - mult_eps, 1.0 + mult_eps)
 
 
 def segment_multipliers(
@@ -81,7 +83,7 @@ def segment_multipliers(
     logp_teacher: torch.Tensor,
     logp_student: torch.Tensor,
     segment_ids: torch.Tensor,
-    clip_eps: float = 0.2,
+    mult_eps: float = 0.2,
     shape: str = "exp",
     gap_mask: torch.Tensor | None = None,
     num_segments: int | None = None,
@@ -97,7 +99,13 @@ def segment_multipliers(
     gap_ids = segment_ids if gap_mask is None else torch.where(gap_mask, segment_ids, -1)  # (B, T)
     gaps = segment_means(delta, gap_ids, num_segments=S)  # (B, S) g_{i,k}
     z = torch.sign(adv)[:, None] * gaps  # (B, S) sign(A_i) * g_{i,k}
-    return gaps, _bounded_multiplier(z, clip_eps, shape)  # (B, S), (B, S) m_{i,k}
+    return gaps, _bounded_multiplier(z, mult_eps, shape)  # (B, S), (B, S) m_{i,k}
+
+
+def spread(per_segment: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    """Each token gets its segment's value: per_segment (B, S), segment_ids (B, T) -> (B, T)
+    (tokens outside segments get segment 0's value; callers mask them)."""
+    return per_segment.gather(1, segment_ids.clamp(min=0))  # (B, T)
 
 
 def token_multipliers(
@@ -105,7 +113,7 @@ def token_multipliers(
     logp_teacher: torch.Tensor,
     logp_student: torch.Tensor,
     segment_ids: torch.Tensor,
-    clip_eps: float = 0.2,
+    mult_eps: float = 0.2,
     granularity: str = "segment",
     shape: str = "exp",
     gap_mask: torch.Tensor | None = None,
@@ -117,11 +125,11 @@ def token_multipliers(
     """
     in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
     if granularity == "segment":
-        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, shape, gap_mask)
-        token_mult = mult.gather(1, segment_ids.clamp(min=0))  # (B, T) m_{i,k(t)}: each token gets its segment's
+        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, shape, gap_mask)
+        token_mult = spread(mult, segment_ids)  # (B, T) m_{i,k(t)}: each token gets its segment's
     elif granularity == "token":
         delta = (logp_teacher - logp_student).detach()  # (B, T)
-        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, clip_eps, shape)  # (B, T) m_{i,t}
+        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, mult_eps, shape)  # (B, T) m_{i,t}
     else:
         raise ValueError(f"granularity must be 'segment' or 'token'; got {granularity!r}")
     return torch.where(in_segment, token_mult, torch.ones_like(token_mult))  # (B, T)
@@ -133,7 +141,7 @@ def sharpo_token_advantages(
     logp_student: torch.Tensor,
     segment_ids: torch.Tensor,
     lam: float = 0.5,
-    clip_eps: float = 0.2,
+    mult_eps: float = 0.2,
     granularity: str = "segment",
     shape: str = "exp",
     gap_mask: torch.Tensor | None = None,
@@ -141,14 +149,19 @@ def sharpo_token_advantages(
     """Token advantage Ahat_{i,t} = A_i * ((1 - lam) + lam * m) (METHOD.md section 4).
 
     adv (B,) each row's trajectory advantage A_i; logp_teacher, logp_student, segment_ids
-    (B, T) over response tokens (segment id -1 = not a trained token). clip_eps is the
+    (B, T) over response tokens (segment id -1 = not a trained token). mult_eps is the
     multiplier bound eps_m, not PPO's clip. granularity="segment" (SHARPO, StepOPSD) shares
     m over a segment; "token" (RLSD) uses m_t = clip(exp(sign(A) * delta_t)). shape="sigmoid"
     gives StepOPSD's 2 * sigmoid form. Returns (B, T), 0 outside segments.
     """
-    _check_mixing(lam, clip_eps)
+    _check_mixing(lam, mult_eps)
+    token_mult = token_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, granularity, shape, gap_mask)
+    return mix(adv, token_mult, segment_ids, lam)  # (B, T)
+
+
+def mix(adv: torch.Tensor, token_mult: torch.Tensor, segment_ids: torch.Tensor, lam: float) -> torch.Tensor:
+    """Ahat = A_i * ((1 - lam) + lam * m) on segment tokens, 0 elsewhere: adv (B,), token_mult (B, T)."""
     in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
-    token_mult = token_multipliers(adv, logp_teacher, logp_student, segment_ids, clip_eps, granularity, shape, gap_mask)
     token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat
     return torch.where(in_segment, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 outside segments
 
@@ -202,10 +215,70 @@ def gigpo_token_advantages(
     return torch.where(in_segment, row_adv[:, None].expand_as(segment_ids).to(adv.dtype), torch.zeros((), dtype=adv.dtype))
 
 
+# ----------------------------------------------------------------------------- the algorithms, one table
+@dataclass(frozen=True)
+class Algorithm:
+    """How one --algo uses the functions above (METHOD.md sections 4-6 and "Baselines")."""
+
+    granularity: str  # "segment": one multiplier per segment; "token": one per token (RLSD)
+    shape: str  # f in m = clip(f(sign(A) * g)): "exp" (SHARPO, RLSD) or "sigmoid" (StepOPSD: 2 * sigmoid)
+    mixes: bool  # Ahat = A * ((1 - lam) + lam * m); False: lam = 0, the advantage is GRPO's
+    teacher: bool  # needs the hindsight teacher's log-probs (a teacher pass)
+    sdar: bool  # the loss carries SDAR's gated self-distillation term
+    step_groups: bool  # GiGPO: Ahat = A_i + omega * A_step, from the step groups; no teacher
+
+
+ALGORITHMS = {
+    "sharpo": Algorithm("segment", "exp", mixes=True, teacher=True, sdar=False, step_groups=False),
+    "grpo": Algorithm("segment", "exp", mixes=False, teacher=False, sdar=False, step_groups=False),
+    "rlsd": Algorithm("token", "exp", mixes=True, teacher=True, sdar=False, step_groups=False),
+    "stepopsd": Algorithm("segment", "sigmoid", mixes=True, teacher=True, sdar=False, step_groups=False),
+    "sdar": Algorithm("segment", "exp", mixes=False, teacher=True, sdar=True, step_groups=False),
+    "gigpo": Algorithm("segment", "exp", mixes=False, teacher=False, sdar=False, step_groups=True),
+}
+
+
+@dataclass
+class Credit:
+    """What credit_assignment gives, for B rows of one segment each."""
+
+    token_adv: torch.Tensor  # (B, T) Ahat, 0 outside segments
+    gaps: torch.Tensor  # (B,) the segment gap g of each row
+    mults: torch.Tensor  # (B,) the segment multiplier m of each row (the one --algo's shape gives)
+    token_mults: torch.Tensor  # (B, T) the multiplier each token's advantage gets (RLSD: its own; 1 off segments)
+
+
+def credit_assignment(algo: str, adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
+                      segment_ids: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2,
+                      gap_mask: torch.Tensor | None = None, step_adv: torch.Tensor | None = None,
+                      omega: float = 1.0) -> Credit:
+    """The token advantage of --algo, with each segment's gap and multiplier, computed once.
+
+    adv (B,) A_i of each row's trajectory; logp_teacher, logp_student, segment_ids (B, T), one
+    segment a row (ids 0 or -1); gap_mask (B, T) optional; step_adv (B,) GiGPO's A_step.
+    (4) for the teacher algorithms, lam = 0 for grpo and sdar (GRPO's advantage), section 6 for gigpo.
+    """
+    spec = ALGORITHMS[algo]
+    lam = lam if spec.mixes else 0.0
+    _check_mixing(lam, mult_eps)
+    gaps, mults = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, spec.shape,
+                                      gap_mask, num_segments=1)  # (B, 1), (B, 1)
+    in_segment = segment_ids >= 0  # (B, T)
+    if spec.granularity == "token":
+        token_mults = token_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, "token", spec.shape)
+    else:
+        token_mults = torch.where(in_segment, spread(mults, segment_ids), torch.ones_like(logp_student))  # (B, T)
+    if spec.step_groups:
+        token_adv = gigpo_token_advantages(adv, step_adv, segment_ids, omega)  # (B, T)
+    else:
+        token_adv = mix(adv, token_mults, segment_ids, lam)  # (B, T)
+    return Credit(token_adv, gaps[:, 0], mults[:, 0], token_mults)
+
+
 # ----------------------------------------------------------------------------- (5) loss
 def policy_loss(
     logp_new: torch.Tensor,
-    logp_old: torch.Tensor,
+    logp_student: torch.Tensor,
     token_adv: torch.Tensor,
     loss_mask: torch.Tensor,
     num_tokens: int | float | None = None,
@@ -220,7 +293,9 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip with token advantages, optional k3 KL and SDAR term (METHOD.md section 5).
 
-    All tensors (B, T) over response tokens. loss_mask (B, T) bool: True = a trained token.
+    All tensors (B, T) over response tokens. logp_student: the policy's own log-probs of the
+    sampled tokens before this update (PPO's "old" log-probs; the same tensor the gap uses).
+    loss_mask (B, T) bool: True = a trained token.
     Aggregation is token-mean over the whole minibatch: each term is a sum over this
     micro-batch's trained tokens divided by `num_tokens`, the count of trained tokens in the
     whole minibatch. Passing that count makes gradient accumulation over micro-batches give
@@ -233,7 +308,7 @@ def policy_loss(
     n = mask.sum() if num_tokens is None else num_tokens  # the denominator: trained tokens in the minibatch
     n = max(float(n), 1.0)
 
-    log_ratio = logp_new - logp_old.detach()  # (B, T)
+    log_ratio = logp_new - logp_student.detach()  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T) r_t
     clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (B, T)
     pg = torch.maximum(-token_adv * ratio, -token_adv * clipped)  # (B, T) PPO-clip, per token
@@ -258,7 +333,7 @@ def policy_loss(
             raise ValueError("policy_loss: sdar_coef > 0 needs logp_teacher and sdar_mask")
         smask = (sdar_mask & loss_mask).to(logp_new.dtype)  # (B, T) trained tokens of hindsight rows
         ns = max(float(smask.sum() if num_sdar_tokens is None else num_sdar_tokens), 1.0)
-        delta = (logp_teacher - logp_old).detach()  # (B, T) teacher - student, detached
+        delta = (logp_teacher - logp_student).detach()  # (B, T) teacher - student, detached
         gate = torch.sigmoid(sdar_beta * delta)  # (B, T) sg(sigmoid(beta * delta))
         sdar = gate * (logp_teacher.detach() - logp_new)  # (B, T) gradient only through logp_new
         sdar_loss = (sdar * smask).sum() / ns

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from cli import UserError
+from infra.cli import UserError
 from envs import history_length, make_env, resolve_workers
 
 
@@ -136,6 +136,22 @@ def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_si
     return metrics, trajs
 
 
+def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, history_len: int | None,
+                      max_new_tokens: int) -> dict:
+    """train.py's periodic evaluation: greedy play of num_games games of `split` (None: the env's
+    eval split), round-robin over task types; returns the metrics keyed "eval/<name>". The
+    caller's RNG state is left as it was."""
+    import torch
+
+    from rollout import ModelPolicy
+
+    games = pick_games(env, split or env.default_eval_split, num_games)
+    policy = ModelPolicy(model, tokenizer, max_new_tokens, temperature=0.0)
+    with torch.random.fork_rng(devices=[]):
+        metrics, _ = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
+    return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
 def print_table(metrics: dict, title: str) -> None:
     print(f"\n{title}")
     types = [k.split("/", 1)[1] for k in metrics if k.startswith("success/")]
@@ -150,7 +166,7 @@ def print_table(metrics: dict, title: str) -> None:
 
 def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
-    from cli import check_domains
+    from infra.cli import check_domains
 
     problems = check_domains(args, positive=("batch_size", "max_new_tokens"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
@@ -167,13 +183,13 @@ def check_args(args: EvalArgs) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from cli import parse_dataclass
+    from infra.cli import parse_dataclass
 
     args = parse_dataclass(EvalArgs, argv, description=__doc__)
     check_args(args)
     ckpt = None
     if args.checkpoint:
-        from checkpoint import find_checkpoint, read_config
+        from infra.checkpoint import find_checkpoint, read_config
 
         ckpt = find_checkpoint(args.checkpoint)
         read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
@@ -208,7 +224,7 @@ def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None
     """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in its run folder."""
     if ckpt is None:
         return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
-    from checkpoint import run_dir_of
+    from infra.checkpoint import run_dir_of
 
     return run_dir_of(ckpt) / f"eval_{env}_{split}_{ckpt.name}.json"
 
@@ -219,7 +235,7 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
     the checkpoint)."""
     import torch
 
-    from checkpoint import load_checkpoint_policy
+    from infra.checkpoint import load_checkpoint_policy
     from rollout import ModelPolicy, load_policy
 
     torch.manual_seed(args.seed)
@@ -231,6 +247,6 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from cli import UserError
-from segments import Step, Trajectory, generation_prompt_ids
+from infra.cli import UserError
+from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids
 
 # Two third-party notices that tell a user of this project nothing, filtered by their exact text:
 # bitsandbytes logs that an optional CPU kernel package (`kernels`) is missing; its CPU path works
@@ -361,6 +361,21 @@ def response_logprobs(
     return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
 
 
+def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
+                  desc: str = "log-probs") -> torch.Tensor:
+    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T)."""
+    from tqdm.auto import tqdm  # deferred: progress bars only where a pass runs
+
+    device = model.get_input_embeddings().weight.device
+    out = torch.zeros(len(rows), T)
+    with torch.no_grad():
+        for s in tqdm(range(0, len(rows), micro_batch_rows), desc=desc, unit="batch", leave=False):
+            batch = {k: v.to(device) for k, v in collate_rows(rows[s : s + micro_batch_rows], pad_id).items()}
+            logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
+            out[s : s + logp.shape[0], : logp.shape[1]] = logp
+    return out
+
+
 # ----------------------------------------------------------------------------- sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0, min_new_tokens: int = 0):
     """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 = greedy.
@@ -465,4 +480,6 @@ def play_episodes(
         bar.update(1)
         bar.set_postfix(live=sum(not s.done for s in states))
     bar.close()
+    if trajs and not any(t.steps for t in trajs):
+        raise UserError("no episode played a step: every one ended in an env crash (the warnings above name the games)")
     return trajs

@@ -158,6 +158,14 @@ def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
     return [ends[k] > start and (ends[k - 1] if k else 0) < stop for k in range(len(pieces))]
 
 
+def action_masks(tokenizer, rows: list[Row], T: int) -> torch.Tensor:
+    """(B, T) bool over response positions: True = a token inside <action>...</action> (action_token_mask)."""
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)  # (B, T)
+    for b, r in enumerate(rows):
+        mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(tokenizer, r.response_ids), dtype=torch.bool)
+    return mask
+
+
 def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows into tensors for one forward pass.
 

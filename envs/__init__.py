@@ -26,6 +26,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from infra.cli import UserError
+
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
 
@@ -159,6 +161,24 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **k
 
         return WebShopEnv(**kwargs)
     raise ValueError(f"unknown env {name!r}: choose 'alfworld' or 'webshop'")
+
+
+def training_tasks(env, split: str, max_plan_len: int = 0) -> list[str]:
+    """The task ids of `split`; with max_plan_len > 0 only those whose expert plan is at most that long."""
+    tasks = env.tasks(split)
+    if max_plan_len > 0:
+        tasks = [t for t in tasks if len(env.expert_plan(t)) <= max_plan_len]
+        if not tasks:
+            raise UserError(f"no {split} task has an expert plan of <= {max_plan_len} steps")
+    return tasks
+
+
+def draw_tasks(rng, tasks: list[str], n: int) -> list[str]:
+    """n tasks for one training iteration: distinct while there are enough, then again from a fresh draw."""
+    chosen = []
+    while len(chosen) < n:
+        chosen += rng.sample(tasks, min(n - len(chosen), len(tasks)))
+    return chosen
 
 
 def resolve_workers(flag: int, batch: int) -> int:

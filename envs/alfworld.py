@@ -23,7 +23,7 @@ import re
 import time
 from pathlib import Path
 
-from cli import DataError
+from infra.cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"

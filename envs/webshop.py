@@ -39,7 +39,7 @@ import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cli import DataError
+from infra.cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
 

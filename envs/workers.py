@@ -22,7 +22,7 @@ import multiprocessing as mp
 import sys
 import time
 
-from cli import DataError
+from infra.cli import DataError
 from envs import EnvStep, check_responses
 
 

@@ -87,7 +87,7 @@ def test_sharpo_properties(variant, seed, lam, eps_m):
     """METHOD.md section 4: sign(Ahat) = sign(A); |Ahat - A| <= lam * eps_m * |A|; A = 0 gives
     0; zero outside segments; constant within a segment (RLSD exempt)."""
     adv, lt, ls, seg = _random_case(seed)
-    ahat = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, clip_eps=eps_m, **variant)
+    ahat = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, mult_eps=eps_m, **variant)
     A = adv[:, None].expand_as(ahat)
     inside = seg >= 0
     assert torch.equal(torch.sign(ahat[inside]), torch.sign(A[inside]))
@@ -137,7 +137,7 @@ def test_sharpo_matches_loop(seed):
     """The vectorized token advantage equals a loop over rows, segments and tokens."""
     adv, lt, ls, seg = _random_case(seed)
     lam, eps = 0.5, 0.2
-    fast = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, clip_eps=eps)
+    fast = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, mult_eps=eps)
     slow = torch.zeros_like(fast)
     for b in range(seg.shape[0]):
         sign = (adv[b].item() > 0) - (adv[b].item() < 0)
@@ -162,7 +162,7 @@ def test_gap_mask_limits_the_gap_to_chosen_tokens():
     assert gaps.item() == 0.0 and mult.item() == 1.0
 
 
-@pytest.mark.parametrize("kw", [dict(lam=-0.1), dict(lam=1.5), dict(clip_eps=0.0), dict(clip_eps=1.0),
+@pytest.mark.parametrize("kw", [dict(lam=-0.1), dict(lam=1.5), dict(mult_eps=0.0), dict(mult_eps=1.0),
                                 dict(granularity="step"), dict(shape="tanh")])
 def test_invalid_settings_raise(kw):
     """Settings outside 0 <= lam <= 1, 0 < eps_m < 1, or unknown variants are clear errors."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import DataError
+from infra.cli import DataError
 
 from envs import extract_action
 from envs.alfworld import (

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-import compare
-import credit
+from tools import compare
+from tools import credit
 from segments import Step, Trajectory
 
 
@@ -71,9 +71,9 @@ def _scored(logp_teacher_of, n_games=12, steps_per_game=8, seed=0):
     B, T = n_games * steps_per_game, 6
     student = -torch.rand(B, T, generator=gen)  # (B, T)
     mistake = torch.tensor([b % 2 == 0 for b in range(B)])  # (B,)
-    mask = torch.ones(B, T, dtype=torch.bool)
+    segment_ids, action = torch.zeros(B, T, dtype=torch.long), torch.ones(B, T, dtype=torch.bool)  # one whole segment a row
     teachers = {name: logp_teacher_of(name, student, mistake, gen) for name in credit.TEACHERS}
-    scores = credit.step_scores(student, teachers, mask, mask, -torch.ones(B), 0.2)
+    scores = credit.step_scores(student, teachers, segment_ids, action, -torch.ones(B), 0.2)
     return {"game": [b // steps_per_game for b in range(B)], "won": [False] * B,
             "label": (~mistake).tolist(), "label_expert": (~mistake).tolist(),
             "scores": {**{k: v.tolist() for k, v in scores.items()},

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import train
+from infra import metrics
 from advantage import (
     anchor_groups,
     discounted_returns,
@@ -47,7 +48,7 @@ def test_returns_groups_and_step_advantages_by_hand():
     seg = torch.tensor([[0, 0, -1]] * 8)  # (B, T) two response tokens, then padding
     tok = gigpo_token_advantages(adv_row, step_adv, seg, omega=1.0)
     assert tok[0, 0].item() == pytest.approx(2.309185, abs=1e-5) and tok[0, 1] == tok[0, 0] and tok[0, 2] == 0
-    stats = train.gigpo_metrics(SimpleNamespace(step_groups=groups, step_adv=step_adv))
+    stats = metrics.gigpo_metrics(SimpleNamespace(step_groups=groups, step_adv=step_adv))
     assert stats["gigpo/step_group_share"] == pytest.approx(6 / 8) and stats["gigpo/step_group_size"] == pytest.approx(2.0)
 
 

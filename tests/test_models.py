@@ -6,7 +6,8 @@ import torch
 
 import eval as eval_script
 import train
-from cli import UserError
+from infra import config
+from infra.cli import UserError
 from envs.alfworld import AlfWorldEnv
 from rollout import ModelPolicy, check_fits, load_policy, play_episodes
 
@@ -14,7 +15,7 @@ from rollout import ModelPolicy, check_fits, load_policy, play_episodes
 def test_embedded_smollm2_plays_a_short_episode():
     """The real SmolLM2-135M-Instruct loads from the installed package (with the shipped warm
     start merged in) and plays one short ALFWorld episode; every step holds sampled ids."""
-    model, tok = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=train.WARMSTART, announce=lambda s: None)
+    model, tok = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=config.WARMSTART, announce=lambda s: None)
     assert model.get_base_model().config.model_type == "llama"
     env = AlfWorldEnv(max_steps=2)
     task = [t for t in env.tasks("train") if "DeskLamp" in t][0]

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from cli import UserError
+from infra.cli import UserError
 from PIL import Image
 
 import train
-from plots import make_plots, multiplier_color
+from tools.plots import make_plots, multiplier_color
 from rollout import load_policy
 from stub_env import StubEnv
 

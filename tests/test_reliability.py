@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 import eval as eval_script
 import train
-from cli import DataError, UserError
+from infra.cli import DataError, UserError
 from envs import extract_action
 from envs.alfworld import AlfWorldEnv
 from envs.webshop import SHIPPED_DATA as WEBSHOP_DATA
 from envs.webshop import WebShopEnv, parse_action
-from plots import segments_html
+from tools.plots import segments_html
 from stub_env import StubEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,8 +74,12 @@ def test_a_crafted_run_folder_runs_no_code_on_resume(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 2. kills
-KILL_POINTS = ["rollout", "segments", "teacher", "advantage", "update", "iteration done", "metrics logged",
-               "samples logged", "checkpoint written", "checkpoint renamed", "latest updated"]
+# After each stage of the loop (the Trainer method, wrapped here), and between the writes of the
+# run folder (checkpoint.crash_hook, called where infra/checkpoint.py writes).
+STAGES = {"rollout": "rollout", "segments": "make_rows", "teacher": "score", "advantage": "advantages",
+          "update": "update", "iteration done": "iteration"}
+KILL_POINTS = list(STAGES) + ["metrics logged", "samples logged", "checkpoint written", "checkpoint renamed",
+                              "latest updated"]
 
 
 class _Killed(BaseException):
@@ -91,23 +95,33 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_kill_at_any_point_loses_at_most_one_iteration(tmp_path, monkeypatch, point, uninterrupted):
-    """Killed at `point` of iteration 2 (an injected hook, not timing luck): the folder still
+    """Killed at `point` of iteration 2 (an injected kill, not timing luck): the folder still
     resumes; the resumed run ends with the uninterrupted run's weights and metrics, each
     iteration logged once; what was lost is at most the iteration in progress."""
     history, weights = uninterrupted
     out = tmp_path / "run"
     calls = {"n": 0}
 
-    def hook(name):
+    def kill_on_second(name):
         if name == point:
             calls["n"] += 1
             if calls["n"] == 2:  # the second time: inside iteration 2
                 raise _Killed(name)
 
-    monkeypatch.setattr(checkpoint, "crash_hook", hook)
+    if point in STAGES:
+        method = getattr(train.Trainer, STAGES[point])
+
+        def wrapped(self, *a, **k):
+            result = method(self, *a, **k)
+            kill_on_second(point)
+            return result
+
+        monkeypatch.setattr(train.Trainer, STAGES[point], wrapped)
+    else:
+        monkeypatch.setattr(checkpoint, "crash_hook", kill_on_second)
     with pytest.raises(_Killed):
         _run(_args(out))
-    monkeypatch.setattr(checkpoint, "crash_hook", None)
+    monkeypatch.undo()
     done = checkpoint.read_iteration(checkpoint.find_checkpoint(out))
     assert done >= 1  # never more than the iteration in progress is lost
     with pytest.raises(UserError, match="--resume"):  # a restart without --resume deletes nothing
@@ -285,7 +299,7 @@ def test_train_stops_on_bad_data_before_loading_a_model(tmp_path):
     """A corrupt data folder ends train.py in one line, exit 2, before the model loads."""
     root = _copy_alfworld(tmp_path)
     (_first_game(root) / "game.tw-pddl").unlink()
-    code = ("import sys, rollout; from cli import run; import train\n"
+    code = ("import sys, rollout; from infra.cli import run; import train\n"
             "rollout.load_policy = lambda *a, **k: sys.exit('the model was loaded')\n"
             f"run(lambda: train.main(['--model', 'tiny', '--preset', 'none', '--data-dir', {str(root)!r}, "
             f"'--output-dir', {str(tmp_path / 'run')!r}]))")
@@ -358,7 +372,7 @@ def test_tag_parsing_is_linear_on_tag_spam():
     ("eval", ["--policy", "expert", "--checkpoint", "runs/x"], "--policy model"),
 ])
 def test_user_errors_are_one_line_and_exit_2(script, argv, needle):
-    code = f"import {script}; from cli import run; run(lambda: {script}.main({argv!r}))"
+    code = f"import {script}; from infra.cli import run; run(lambda: {script}.main({argv!r}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 import train
-from cli import UserError
+from infra.cli import UserError
 from tiny_runs import tiny_args, tiny_train
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import train
+from advantage import ALGORITHMS
 from rollout import ModelPolicy, load_policy, play_episodes, response_logprobs
 from segments import build_row, collate_rows
-from cli import UserError
+from infra.cli import UserError
 from stub_env import StubEnv
 
 TIMING_KEYS = ("seconds/", "tokens_per_s", "peak_memory")
@@ -31,7 +32,7 @@ def _trainer(args):
     return train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(args.max_steps))
 
 
-@pytest.mark.parametrize("algo", train.ALGOS)
+@pytest.mark.parametrize("algo", tuple(ALGORITHMS))
 def test_one_iteration_of_each_algo_moves_the_lora_weights(tmp_path, algo):
     """With rewards that differ inside groups and weight decay 0, one iteration of every
     --algo changes the LoRA weights, and the metrics line has the documented fields."""

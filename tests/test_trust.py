@@ -12,8 +12,10 @@ from peft import PeftModel
 
 import eval as eval_script
 import train
-from checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
-from cli import UserError
+from envs import draw_tasks
+from infra import config, metrics
+from infra.checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
+from infra.cli import UserError
 from envs import step_prompt
 from envs.alfworld import build_messages as alfworld_messages
 from envs.webshop import build_messages as webshop_messages
@@ -155,18 +157,18 @@ def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
     """The embedded SmolLM2 with the shipped warm start: the saved checkpoint gives the same
     logits through eval/resume loading (exactly) and through plain peft on the GGUF base
     (folded); adapter_config names the Hugging Face id and the card says how to load the file."""
-    model, _ = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=train.WARMSTART, announce=lambda s: None)
+    model, _ = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=config.WARMSTART, announce=lambda s: None)
     with torch.no_grad():  # stands in for training: a non-zero adapter
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
     trained = _logits(model)
-    config = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(train.WARMSTART), load_in_4bit=False,
-                                     lora_r=4, lora_alpha=8))}
+    flags = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(config.WARMSTART), load_in_4bit=False,
+                                    lora_r=4, lora_alpha=8))}
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    save_policy(model, ckpt, config, train.WARMSTART)
-    (ckpt / "config.json").write_text(json.dumps(config))
+    save_policy(model, ckpt, flags, config.WARMSTART)
+    (ckpt / "config.json").write_text(json.dumps(flags))
     assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
     from transformers import AutoModelForCausalLM
 
@@ -183,13 +185,13 @@ def test_explicit_model_beats_the_presets_warm_start():
     size-mismatch crash); with the preset's own model it stays; an explicit one is kept."""
     args = train.parse_args(["--preset", "cpu-demo", "--env", "alfworld", "--model", "tiny"])
     assert args.model == "tiny" and args.init_adapter is None
-    assert train.parse_args(["--preset", "cpu-demo"]).init_adapter == str(train.WARMSTART)
+    assert train.parse_args(["--preset", "cpu-demo"]).init_adapter == str(config.WARMSTART)
     assert train.parse_args(["--preset", "cpu-demo", "--init-adapter", "none"]).init_adapter is None
 
 
 def test_an_adapter_for_another_model_is_a_clear_error():
     with pytest.raises(UserError, match="another base model"):
-        load_policy("tiny", init_adapter=train.WARMSTART)
+        load_policy("tiny", init_adapter=config.WARMSTART)
 
 
 def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
@@ -201,7 +203,7 @@ def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
     text = " ".join(out.stdout.split())
     assert "--iterations ITERATIONS training iterations (one rollout batch each) (default: 2)" in text
     assert "--model MODEL" in text and "(default: smollm2)" in text
-    bad = subprocess.run([sys.executable, "-c", "import sys, train; from cli import run; "
+    bad = subprocess.run([sys.executable, "-c", "import sys, train; from infra.cli import run; "
                           "run(lambda: train.main(['--env', 'alfwrld'])); "],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
@@ -254,7 +256,7 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
         batch.logp_teacher = batch.logp_teacher + torch.linspace(-0.5, 0.5, batch.logp_teacher.shape[1])
     trainer.advantages(batch)
     batch.adv_row = torch.where(batch.adv_row == 0, torch.ones_like(batch.adv_row), batch.adv_row)
-    m = train.teacher_metrics(batch, algo, args.mult_eps)
+    m = metrics.teacher_metrics(batch, algo, args.mult_eps)
     sel = batch.has_hindsight & (batch.adv_row != 0)
     if algo == "sharpo":
         assert m["mult_mean"] == pytest.approx(float(batch.mults[sel].mean()))
@@ -277,8 +279,8 @@ def test_tasks_of_an_iteration_are_distinct_while_there_are_enough(tmp_path):
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))  # the stub has 2 tasks
     for _ in range(20):
-        assert sorted(trainer.draw_tasks(2)) == ["task-a", "task-b"]
-    assert sorted(set(trainer.draw_tasks(5))) == ["task-a", "task-b"]
+        assert sorted(draw_tasks(trainer.rng, trainer.tasks, 2)) == ["task-a", "task-b"]
+    assert sorted(set(draw_tasks(trainer.rng, trainer.tasks, 5))) == ["task-a", "task-b"]
 
 
 def test_eval_writes_into_runs_not_the_current_folder(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from cli import DataError
+from infra.cli import DataError
 
 import train
 from envs.webshop import SHIPPED_DATA, Page, SearchEngine, WebShopEnv, load_products, parse_action

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # advantage.py, segments.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: advantage.py, segments.py
 
 from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
 from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
@@ -48,11 +48,11 @@ def _labels(values) -> torch.Tensor:
     return torch.tensor([index.setdefault(v, len(index)) for v in np.asarray(values).tolist()])
 
 
-def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, clip_eps: float = 0.2,
+def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps: float = 0.2,
                       shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
                       mask_key: str = "response_mask") -> torch.Tensor:
-    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, clip_eps, shape and
+    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, mult_eps, shape and
     granularity as in advantage.sharpo_token_advantages (shape="sigmoid": StepOPSD,
     granularity="token": RLSD)."""
     batch, extra = data.batch, data.non_tensor_batch
@@ -77,7 +77,7 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, clip_eps
     else:
         raise ValueError(f"layout must be 'per_step' or 'per_trajectory'; got {layout!r}")
     return sharpo_token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
-                                   lam=lam, clip_eps=clip_eps, granularity=granularity, shape=shape)
+                                   lam=lam, mult_eps=mult_eps, granularity=granularity, shape=shape)
 
 
 def hindsight_messages(messages: list[dict], actions: list[str],

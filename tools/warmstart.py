@@ -26,8 +26,8 @@ KL term is the warm-started policy. Large models (Qwen2.5-7B-Instruct) need no w
 `--check ADAPTER` measures, on games the warm start never saw, what the block does to the
 log-prob of the plan's next action and of another admissible action, and the valid-answer rate.
 
-Run: python warmstart.py --model smollm2 --out data/warmstart/smollm2-alfworld
-     python warmstart.py --check data/warmstart/smollm2-alfworld --split valid_unseen
+Run: python -m tools.warmstart --model smollm2 --out data/warmstart/smollm2-alfworld
+     python -m tools.warmstart --check data/warmstart/smollm2-alfworld --split valid_unseen
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
 def main(argv: list[str] | None = None) -> None:
     from tqdm.auto import tqdm
 
-    from cli import parse_dataclass
+    from infra.cli import parse_dataclass
     from envs import history_length, make_env
     from rollout import load_policy, response_logprobs, save_adapter
 
@@ -220,6 +220,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

@@ -17,7 +17,7 @@ Summary, per algorithm (mean over seeds, 95% t-interval over seeds):
 With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
 should be. "No difference" is what overlapping intervals say.
 
-Run: python compare.py --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
+Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli import UserError
+from advantage import ALGORITHMS
+from infra.cli import UserError
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
@@ -156,7 +157,7 @@ def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
 # ----------------------------------------------------------------------------- running
 def run_state(run: Path, iterations: int | None) -> str:
     """'done', 'partial' (resume it) or 'new'."""
-    from checkpoint import find_checkpoint, read_iteration
+    from infra.checkpoint import find_checkpoint, read_iteration
 
     try:
         done = read_iteration(find_checkpoint(run))
@@ -180,12 +181,12 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
         argv = [*train_flags, "--algo", algo, "--seed", str(seed), "--output-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = open(run.parent / f"{run.name}.log", "a")
-    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("train.py")), *argv],
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent.parent / "train.py"), *argv],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from cli import check_domains, parse_dataclass
+    from infra.cli import check_domains, parse_dataclass
 
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -197,9 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
         seeds = []
-    import train
-
-    problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join(train.ALGOS)})" for a in algos if a not in train.ALGOS]
+    problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join(ALGORITHMS)})" for a in algos if a not in ALGORITHMS]
     for flag in ("--algo", "--seed", "--output-dir", "--resume"):
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
             problems.append(f"{flag} is set by compare.py for each run; drop it after --")
@@ -239,6 +238,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

@@ -10,7 +10,7 @@ From a train.py run folder (metrics.jsonl, samples.jsonl) this writes:
   curves.png      success, mean reward, invalid-action rate and multiplier spread per iteration
   per_type.png    success per task type (training rollouts, and evaluation when it ran)
 
-Run: python plots.py runs/alfworld-sharpo-cpu-demo
+Run: python -m tools.plots runs/alfworld-sharpo-cpu-demo
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from cli import UserError
+from infra.cli import UserError
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -214,12 +214,12 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)
         return
     if len(argv) != 1 or argv[0].startswith("-"):
-        raise UserError("usage: python plots.py RUN_DIR")
+        raise UserError("usage: python -m tools.plots RUN_DIR")
     for p in make_plots(argv[0]).values():
         print(f"wrote {p}")
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

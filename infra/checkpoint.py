@@ -41,14 +41,14 @@ from pathlib import Path
 
 import torch
 
-from cli import UserError
+from infra.cli import UserError
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
 CHECKPOINT_NAME = re.compile(r"iter-(\d+)")  # the only names train.py gives a checkpoint
 SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
-# Tests set this to a function of one argument (the name of a point in the run) that raises,
-# to simulate a kill at exactly that point; see tests/test_reliability.py.
+# Tests set this to a function of one argument (the name of a point where the run folder is
+# written) that raises, to simulate a kill at exactly that point; see tests/test_runs.py.
 crash_hook = None
 
 
@@ -202,6 +202,50 @@ def read_iteration(ckpt: Path) -> int:
     if not isinstance(state.get("iteration"), int) or state["iteration"] < 0:
         raise UserError(f"{ckpt / STATE}: 'iteration' must be a non-negative integer")
     return state["iteration"]
+
+
+# ----------------------------------------------------------------------------- the run folder
+class RunFolder:
+    """A train.py run folder's lifecycle, in the order the loop meets it:
+    `check` (before anything loads: refuse to overwrite a run, say when one is started afresh),
+    `start` (write config.json, trim the logs to the restored iteration), then per iteration
+    `log` (metrics, samples) and `save` (a checkpoint, `latest`, pruning). `main` is False on
+    the other processes of a multi-process run: only the main process writes."""
+
+    def __init__(self, path: str | os.PathLike, main: bool = True):
+        self.path, self.main = Path(path), main
+        self.metrics, self.samples = self.path / "metrics.jsonl", self.path / "samples.jsonl"
+
+    def check(self, resuming: bool) -> None:
+        check_latest(self.path)  # a `latest` that is no pointer into this run: stop before any work, not after
+        if not resuming and run_checkpoints(self.path):
+            raise UserError(f"{self.path} already holds a run; continue it with `python train.py --resume {self.path}`, "
+                            "or choose another --output-dir")
+        if not resuming and self.main and any(p.exists() for p in (self.metrics, self.path / "config.json")):
+            print(f"{self.path} holds no checkpoint yet (a run stopped before its first one): starting it from iteration 1")
+
+    def start(self, config: dict, iteration_done: int) -> None:
+        if self.main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path / "config.json", json.dumps(config, indent=1))
+            trim_log(self.metrics, iteration_done)  # a resumed run's log reads as if it had never stopped
+            trim_log(self.samples, iteration_done)
+
+    def log(self, metrics: dict, samples: list[dict]) -> None:
+        if self.main:
+            append_jsonl(self.metrics, [metrics])
+            crash_point("metrics logged")
+            append_jsonl(self.samples, samples)
+            crash_point("samples logged")
+
+    def save(self, iteration: int, model, optimizer, task_rng: random.Random, config: dict,
+             warmstart: Path | None, keep: int) -> Path | None:
+        """The checkpoint of `iteration` (main process only). Returns the warm start to copy into
+        the next checkpoint: this checkpoint's copy (older checkpoints may be pruned), or None."""
+        if not self.main:
+            return warmstart
+        final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep)
+        return None if warmstart is None else final / "warmstart"
 
 
 # ----------------------------------------------------------------------------- saving
@@ -385,6 +429,25 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
     return model, tokenizer
 
 
+def run_policy(args, ckpt: Path | None, device: str):
+    """train.py's policy: a checkpoint's policy exactly as saved (resume), else the base model
+    (warm-started with --init-adapter) with a new LoRA adapter. Returns (model, tokenizer)."""
+    from rollout import load_policy
+
+    if ckpt is not None:
+        return load_checkpoint_policy(ckpt, device=device, gradient_checkpointing=args.gradient_checkpointing)
+    return load_policy(args.model, device=device, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,
+                       lora_alpha=args.lora_alpha, init_adapter=args.init_adapter,
+                       gradient_checkpointing=args.gradient_checkpointing, seed=args.seed)
+
+
+def run_warmstart(args, ckpt: Path | None) -> Path | None:
+    """The warm start a run's checkpoints carry a copy of: the checkpoint's own copy, else --init-adapter."""
+    if ckpt is not None:
+        return checkpoint_adapters(ckpt)[1]
+    return Path(args.init_adapter) if args.init_adapter else None
+
+
 def check_finite_parameters(model, where) -> None:
     bad = [n for n, p in model.named_parameters() if "lora_" in n and not torch.isfinite(p).all()]
     if bad:
@@ -410,6 +473,17 @@ def load_optimizer_state(ckpt: Path) -> dict:
             if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
                 raise UserError(f"{path} holds non-finite values; resume from an earlier checkpoint")
     return state
+
+
+def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random) -> int:
+    """Load a checkpoint's optimizer state and RNG states into a run; returns its iteration."""
+    try:
+        optimizer.load_state_dict(load_optimizer_state(ckpt))
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+        raise UserError(f"{ckpt / 'optimizer.pt'} does not fit this run's LoRA weights ({err}); "
+                        "resume from another checkpoint") from None
+    restore_rng(ckpt, task_rng)
+    return read_iteration(ckpt)
 
 
 def rng_state(task_rng: random.Random) -> dict:

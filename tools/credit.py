@@ -35,9 +35,9 @@ question here is where the teacher points, not how large the update is.
 
 Output in --out: credit.json, roc.png and the table on stdout.
 
-Run: python credit.py --env alfworld        (CPU: the embedded SmolLM2 with the warm start, our held-out games)
-     python credit.py --data-dir ../alfworld_data --split valid_seen --games 16
-     python credit.py --model Qwen/Qwen2.5-7B-Instruct --data-dir DIR --max-steps 50 --max-new-tokens 256
+Run: python -m tools.credit --env alfworld        (CPU: the embedded SmolLM2 with the warm start, our held-out games)
+     python -m tools.credit --data-dir ../alfworld_data --split valid_seen --games 16
+     python -m tools.credit --model Qwen/Qwen2.5-7B-Instruct --data-dir DIR --max-steps 50 --max-new-tokens 256
 """
 from __future__ import annotations
 
@@ -51,10 +51,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from advantage import gigpo_step_advantages, grpo_advantages
-from checkpoint import json_safe
-from cli import UserError
-from segments import EXPERT_HEADLINE, Trajectory, action_token_mask, build_row, build_teacher_row, format_plan
+from advantage import gigpo_step_advantages, grpo_advantages, segment_multipliers, token_multipliers
+from envs import history_length, make_env, resolve_workers
+from envs.alfworld import planner_plans, resolve_data_dir
+from eval import pick_games
+from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
+from infra.cli import UserError, check_domains, parse_dataclass
+from infra.config import WARMSTART
+from rollout import ModelPolicy, load_policy, play_episodes, rows_logprobs
+from segments import (EXPERT_HEADLINE, Trajectory, action_masks, build_row, build_teacher_row, format_plan,
+                      response_segment_ids)
 
 TEACHERS = ("plan", "other_task", "shuffled", "filler")  # the real hindsight, then the three placebos
 PLACEBOS = TEACHERS[1:]
@@ -182,30 +188,28 @@ def paired_difference(a, b, labels, cluster_of, n: int, seed: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- scores
-def multiplier(gap: torch.Tensor, sign: float, eps: float) -> torch.Tensor:
-    """SHARPO's bounded multiplier for advantage sign `sign` (METHOD.md section 4)."""
-    return torch.clamp(torch.exp(sign * gap), 1 - eps, 1 + eps)
-
-
-def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], response_mask: torch.Tensor,
-                action_mask: torch.Tensor, sign: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
-    """Every teacher score of every step, oriented so that higher = more weight on that step.
+def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], segment_ids: torch.Tensor,
+                action_mask: torch.Tensor, sign: torch.Tensor, mult_eps: float) -> dict[str, torch.Tensor]:
+    """Every teacher score of every step, oriented so that higher = more weight on that step,
+    from advantage.py's own functions (METHOD.md sections 3-4).
 
     logp_student (B, T) and each logp_teachers[name] (B, T): log-probs of the sampled tokens;
-    response_mask (B, T): the segment's tokens; action_mask (B, T): those inside <action>;
-    sign (B,): -1 on steps of failed episodes (blame), +1 on won ones (credit).
-    Returns "<teacher>/all" and "<teacher>/action" (the segment multiplier from the gap over those
-    tokens), "<teacher>/rlsd" (the mean per-token multiplier) and "<teacher>/gap" (g itself), (B,) each."""
+    segment_ids (B, T): 0 on the segment's tokens, -1 elsewhere; action_mask (B, T): tokens inside
+    <action>; sign (B,): -1 on steps of failed episodes (blame), +1 on won ones (credit), which is
+    all of A that the multiplier reads. Returns, (B,) each: "<teacher>/all" and "<teacher>/action"
+    (SHARPO's segment multiplier, the gap over those tokens), "<teacher>/rlsd" (the mean of RLSD's
+    per-token multipliers) and "<teacher>/gap" (g itself, all tokens)."""
     out = {}
+    in_segment = segment_ids >= 0  # (B, T)
     for name, logp_teacher in logp_teachers.items():
-        delta = (logp_teacher - logp_student) * response_mask  # (B, T) per-token gap, 0 off the segment
-        for tokens, mask in (("all", response_mask), ("action", action_mask & response_mask)):
-            gap = (delta * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,) g over the chosen tokens
-            out[f"{name}/{tokens}"] = multiplier(gap, sign, eps)  # (B,)
+        for tokens, mask in (("all", None), ("action", action_mask)):
+            gaps, mults = segment_multipliers(sign, logp_teacher, logp_student, segment_ids, mult_eps, "exp", mask,
+                                              num_segments=1)  # (B, 1), (B, 1)
+            out[f"{name}/{tokens}"] = mults[:, 0]  # (B,)
             if tokens == "all":
-                out[f"{name}/gap"] = gap
-        per_token = multiplier(delta, sign[:, None], eps) * response_mask  # (B, T)
-        out[f"{name}/rlsd"] = per_token.sum(1) / response_mask.sum(1).clamp(min=1)  # (B,)
+                out[f"{name}/gap"] = gaps[:, 0]  # (B,)
+        per_token = token_multipliers(sign, logp_teacher, logp_student, segment_ids, mult_eps, "token")  # (B, T)
+        out[f"{name}/rlsd"] = (per_token * in_segment).sum(1) / in_segment.sum(1).clamp(min=1)  # (B,)
     return out
 
 
@@ -266,18 +270,13 @@ def placebo_plans(plans: dict[str, list[str]], seed: int) -> dict[str, dict[str,
 # ----------------------------------------------------------------------------- play and score
 def load(args: CreditArgs):
     """(model, tokenizer, env) with the settings of a training run."""
-    import train
-    from checkpoint import find_checkpoint, load_checkpoint_policy
-    from envs import make_env, resolve_workers
-    from rollout import load_policy
-
     if args.checkpoint:
         model, tokenizer = load_checkpoint_policy(find_checkpoint(args.checkpoint))
     else:
         name = args.model or ("smollm2" if not torch.cuda.is_available() else None)
         init = args.init_adapter
         if init is None and name == "smollm2" and args.env == "alfworld":
-            init = str(train.WARMSTART)
+            init = str(WARMSTART)
         model, tokenizer = load_policy(name, init_adapter=None if init in (None, "none") else init,
                                        lora_r=8, lora_alpha=16)
     model.eval()
@@ -291,16 +290,12 @@ def hindsight_plans(env_name: str, env, data_dir, games: list[str]) -> dict[str,
     (the same source as the label); WebShop, the env's expert plan."""
     if env_name != "alfworld":
         return {g: env.expert_plan(g) for g in games}
-    from envs.alfworld import planner_plans, resolve_data_dir
-
     root = resolve_data_dir(data_dir) / "json_2.1.1"
     return {g: planner_plans(str(root / g / "game.tw-pddl"), [])[0] or [] for g in games}
 
 
 def planner_labels(data_dir, trajs: list[Trajectory]) -> list[list[bool | None]]:
     """shortens_plan for every step of every trajectory (the planner replays its valid actions)."""
-    from envs.alfworld import planner_plans, resolve_data_dir
-
     root = resolve_data_dir(data_dir) / "json_2.1.1"
     return [shortens_plan(t, planner_plans(str(root / t.task_id / "game.tw-pddl"), t.actions)) for t in trajs]
 
@@ -309,8 +304,6 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
                 args: CreditArgs) -> dict:
     """One entry per distinct step (see auc_table's data): the labels, every teacher's and every
     no-teacher score. blocks: placebo_plans' output for the trajectories' tasks."""
-    from train import rows_logprobs
-
     rewards = torch.tensor([t.reward for t in trajs])  # (N,)
     adv = grpo_advantages(rewards, torch.tensor([t.group for t in trajs]))  # (N,)
     steps = [(i, k, s) for i, t in enumerate(trajs) for k, s in enumerate(t.steps)]
@@ -328,10 +321,8 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     rows = [build_row(tokenizer, s.messages, s.response_ids) for _, _, s in steps_kept]
     T = max(len(r.response_ids) for r in rows)
     lengths = torch.tensor([len(r.response_ids) for r in rows])  # (B,)
-    response_mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
-    action_mask = torch.zeros(len(rows), T, dtype=torch.bool)  # (B, T) tokens inside <action>
-    for b, r in enumerate(rows):
-        action_mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(tokenizer, r.response_ids))
+    segment_ids = response_segment_ids(lengths, T)  # (B, T) 0 on the response, -1 on padding
+    action_mask = action_masks(tokenizer, rows, T)  # (B, T) tokens inside <action>
     mb, pad = args.micro_batch_rows, tokenizer.pad_token_id
     logp_student = rows_logprobs(model, rows, pad, mb, 1.0, T, desc="student")  # (B, T)
     logp_teachers = {}
@@ -342,8 +333,8 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
         logp_teachers[name] = rows_logprobs(model, teacher_rows, pad, mb, 1.0, T, desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
-    scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.mult_eps)
-    surprise = -(logp_student * response_mask).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
+    scores = step_scores(logp_student, logp_teachers, segment_ids, action_mask, sign, args.mult_eps)
+    surprise = -(logp_student * (segment_ids >= 0)).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
     plan_words = {t: {a.lower() for a in blocks[t]["plan"]} for t in blocks}
     not_in_plan = torch.tensor([float(s.action is None or s.action.lower() not in plan_words[trajs[i].task_id])
                                 for i, _, s in steps_kept])  # (B,)
@@ -441,9 +432,6 @@ def roc_png(data: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- main
 def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[int]) -> list[Trajectory]:
     """Every game G times per seed; each (seed, game) is its own group."""
-    from envs import history_length
-    from rollout import ModelPolicy, play_episodes
-
     trajs = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -455,9 +443,6 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from cli import check_domains, parse_dataclass
-    from eval import pick_games
-
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
     problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows"),
                              non_negative=("games", "max_steps"))
@@ -496,6 +481,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

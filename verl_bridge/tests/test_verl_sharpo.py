@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 torch.set_num_threads(1)
 
 from verl import DataProto  # noqa: E402  (the real package: these tests need it)
 
 from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
-from integrations.verl_sharpo import hindsight_messages, runs_of_ones, sharpo_advantages  # noqa: E402
+from verl_bridge.verl_sharpo import hindsight_messages, runs_of_ones, sharpo_advantages  # noqa: E402
 
 
 def _proto(tensors: dict, non_tensors: dict) -> DataProto:
@@ -54,12 +54,12 @@ def test_per_step_layout_equals_advantage_py():
     teacher = student + 0.3 * torch.randn(B, T, generator=g)
     data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                    "teacher_log_probs": teacher}, {"uid": uid, "traj_uid": traj_uid})
-    got = sharpo_advantages(data, layout="per_step", lam=0.5, clip_eps=0.2)
+    got = sharpo_advantages(data, layout="per_step", lam=0.5, mult_eps=0.2)
     order = ["a", "b", "c", "d", "e"]
     adv_traj = grpo_advantages(torch.tensor([episode[t] for t in order], dtype=torch.float64),
                                torch.tensor([0, 0, 0, 1, 1]))
     adv_row = adv_traj[[order.index(t) for t in traj_uid]].float()
-    want = sharpo_token_advantages(adv_row, teacher, student, torch.where(mask.bool(), 0, -1), lam=0.5, clip_eps=0.2)
+    want = sharpo_token_advantages(adv_row, teacher, student, torch.where(mask.bool(), 0, -1), lam=0.5, mult_eps=0.2)
     assert torch.equal(got, want)
     assert got.abs().sum() > 0 and (got[mask == 0] == 0).all()
 

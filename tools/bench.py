@@ -13,9 +13,9 @@ in 4-bit nf4 on CUDA, built from its config with no download; timings do not dep
 (random admissible actions, seeded) played with 1 worker (in-process) and with N worker
 processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
 
-Run: python bench.py --model tiny
-     python bench.py --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
-     python bench.py --env alfworld --episodes 128 --policy random --steps 5
+Run: python -m tools.bench --model tiny
+     python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
+     python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cli import UserError
+from infra.cli import UserError
 from envs import EnvStep
 
 
@@ -168,7 +168,7 @@ def bench_env(args: BenchArgs) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     import train
-    from cli import parse_dataclass
+    from infra.cli import parse_dataclass
     from rollout import load_policy
 
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
@@ -225,6 +225,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from cli import run
+    from infra.cli import run
 
     run(main)

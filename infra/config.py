@@ -1,0 +1,184 @@
+"""Configuration of train.py: presets, parsing, the rules for a resumed run's flags, validation.
+
+The flags themselves are train.py's `TrainArgs` (one field each, with its comment). Resolution:
+flags given on the command line, over the preset's defaults (`--preset cpu-demo` shrinks the
+GPU setting to minutes on a CPU), over the dataclass's defaults. With `--resume RUN`, the run's
+saved flags, of which only RESUME_MAY_CHANGE may be changed. Every value is checked here,
+before anything loads; config.json in the run folder records the resolved flags.
+"""
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from envs import alfworld, history_length, webshop
+from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
+from infra.cli import UserError, build_parser, check_domains, given_flags
+from rollout import default_model_name
+
+WARMSTART = Path(__file__).resolve().parent.parent / "data" / "warmstart" / "smollm2-alfworld"
+PRESETS = {
+    "gpu": {},
+    "cpu-demo": dict(  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
+        model="smollm2", lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0, iterations=2, groups=2, group_size=4,
+        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
+    ),
+    "none": {},
+}
+CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short games keep episodes to 4 steps
+    "alfworld": dict(init_adapter=str(WARMSTART), max_plan_len=4, max_steps=4),
+    "webshop": dict(max_steps=6),
+}
+# Flags a resumed run may change: they do not change what is learned, only how long, how often
+# it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
+RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
+                     "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
+                     "output_dir", "preset")
+SPLITS = {"alfworld": alfworld.SPLITS, "webshop": webshop.SPLITS}  # checked before anything loads
+
+
+def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
+    """(resolved preset name, the defaults it sets for this env)."""
+    if preset == "auto":
+        preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
+    return preset, {**PRESETS[preset], **(CPU_DEMO_PER_ENV.get(env, {}) if preset == "cpu-demo" else {})}
+
+
+def parse_train_args(cls, argv: list[str] | None = None, description: str | None = None):
+    """train.py's flags (an instance of `cls`, its TrainArgs), resolved and checked."""
+    argv = sys.argv[1:] if argv is None else argv
+    given = given_flags(cls, argv)  # also rejects unknown flags and bad choices, in one line
+    if given.get("resume"):
+        return resume_args(cls, given)
+    preset, defaults = preset_defaults(given.get("preset", "auto"), given.get("env", "alfworld"))
+    args = cls(**vars(build_parser(cls, description, defaults).parse_args(argv)))
+    args.preset = preset
+    if "init_adapter" in defaults and "init_adapter" not in given and args.model != defaults.get("model"):
+        args.init_adapter = None  # a preset's warm start is for the preset's model only
+    resolve_defaults(args)
+    check_args(args)
+    return args
+
+
+def resolve_defaults(args) -> None:
+    """Write the device-dependent defaults into the config, so config.json says what ran."""
+    cuda = torch.cuda.is_available()
+    if args.model is None:
+        args.model = default_model_name()
+    if args.load_in_4bit is None:
+        args.load_in_4bit = cuda and args.model not in ("tiny", "smollm2") and args.init_adapter is None
+    if args.gradient_checkpointing is None:
+        args.gradient_checkpointing = cuda
+    if args.output_dir is None:
+        args.output_dir = f"runs/{args.env}-{args.algo}" + ("-cpu-demo" if args.preset == "cpu-demo" else "")
+
+
+def resume_args(cls, given: dict):
+    """The saved run's flags, with the allowed changes; refuse the others, naming the flag. A run
+    folder stopped before its first checkpoint restarts from iteration 1 with its saved flags."""
+    folder = Path(given["resume"])
+    fresh = (folder / "config.json").is_file() and not (folder / "state.json").is_file() and not run_checkpoints(folder)
+    if fresh:  # killed before its first checkpoint: nothing to restore but the flags
+        ckpt, run_dir, saved = None, folder, read_json(folder / "config.json", "the run's training flags")
+    else:
+        ckpt = find_checkpoint(folder)
+        run_dir = run_dir_of(ckpt)
+        newest = find_checkpoint(run_dir) if run_dir != ckpt else ckpt
+        if newest != ckpt:
+            raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
+                            f"{newest.name}; resume the run folder, or copy {ckpt.name} into a new run folder to branch")
+        saved = read_config(ckpt)
+    problems = config_type_errors(cls, saved)
+    if problems:
+        raise UserError(f"{(ckpt or run_dir) / 'config.json'}: " + "; ".join(problems))
+    if "output_dir" in given and Path(given["output_dir"]).resolve() != run_dir.resolve():
+        raise UserError(f"--resume continues {run_dir} in that folder; drop --output-dir (or pass {run_dir})")
+    known = {f.name for f in fields(cls)}
+    changed = [k for k, v in given.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)
+        raise UserError(f"--resume continues the same experiment; these flags would change it: {flags}. "
+                        "Start a new run (another --output-dir) to change them.")
+    args = cls(**{**{k: v for k, v in saved.items() if k in known}, **given})
+    args.output_dir, args.resume = str(run_dir), None if ckpt is None else str(ckpt)
+    check_args(args)
+    return args
+
+
+def config_type_errors(cls, saved: dict) -> list[str]:
+    """Each saved flag whose JSON value does not fit its type in `cls` (a hand-edited or crafted config.json)."""
+    hints, problems = typing.get_type_hints(cls), []
+    for name, value in saved.items():
+        if name not in hints:
+            continue
+        union = typing.get_origin(hints[name]) in (typing.Union, types.UnionType)
+        kinds = typing.get_args(hints[name]) if union else (hints[name],)
+        ok = False
+        for kind in kinds:
+            if kind is type(None):
+                ok |= value is None
+            elif typing.get_origin(kind) is Literal:
+                ok |= value in typing.get_args(kind)
+            elif kind in (int, float):  # JSON writes 1e-4 as a float and 2 as an int; a bool is neither
+                ok |= isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+            else:
+                ok |= isinstance(value, kind)
+        if not ok:
+            problems.append(f"field {name!r} should be {hints[name]}, found {value!r:.40}")
+    return problems
+
+
+def check_args(args) -> None:
+    """Reject bad settings before anything loads, each naming its flag and what to do."""
+    problems = check_domains(
+        args,
+        positive=("iterations", "groups", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
+                  "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
+                  "temperature", "ppo_clip", "grad_clip", "eval_games"),
+        non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
+                      "eval_every", "samples_per_iter", "min_new_tokens", "gigpo_omega"),
+        finite=("lam", "mult_eps"),
+    )
+    if not 0 <= args.gigpo_gamma <= 1:
+        problems.append(f"--gigpo-gamma must be in [0, 1]; got {args.gigpo_gamma}")
+    if not 0 <= args.lam <= 1:
+        problems.append(f"--lam must be in [0, 1]; got {args.lam}")
+    if not 0 < args.mult_eps < 1:
+        problems.append(f"--mult-eps must be in (0, 1); got {args.mult_eps}")
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
+    for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
+        if split is not None and split not in SPLITS[args.env]:
+            problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
+    if args.min_new_tokens > 0:
+        problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
+                        "the PPO ratio off-policy; leave it at 0 for training")
+    if args.init_adapter and args.load_in_4bit:
+        problems.append("--init-adapter merges into full-precision weights: add --no-load-in-4bit")
+    if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:
+        problems.append(f"--init-adapter {args.init_adapter}: no adapter_config.json there (pass a "
+                        "tools/warmstart.py output folder, or none)")
+    if problems:
+        raise UserError("; ".join(problems))
+    if args.group_size == 1:
+        print("warning: --group-size 1 gives every trajectory advantage 0 (no group to compare with): "
+              "nothing will be learned", file=sys.stderr)
+
+
+def describe(args) -> str:
+    """The lines train.py prints before it starts: resumed or new, the preset, what runs where."""
+    lines = [f"resuming {args.output_dir} from {args.resume}"] if args.resume else []
+    if not args.resume and not torch.cuda.is_available() and args.preset == "cpu-demo":
+        lines.append("no GPU found: using the cpu-demo preset (a few short episodes on the shipped games); "
+                     "pass --preset gpu on a GPU machine for the full setting")
+    lines.append(f"training {args.algo} on {args.env} with {args.model}: {args.iterations} iterations x {args.groups} "
+                 f"tasks x {args.group_size} rollouts -> {args.output_dir}")
+    return "\n".join(lines)

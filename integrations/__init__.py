@@ -1,1 +1,0 @@
-"""Optional bridges to other training engines (each needs its engine installed; see README)."""
