@@ -28,8 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from infra.cli import UserError
+import torch
+
 from envs import history_length, make_env, resolve_workers
+from infra.checkpoint import find_checkpoint, load_checkpoint_policy, read_config, run_dir_of
+from infra.cli import UserError, check_domains, parse_dataclass, run
+from rollout import ModelPolicy, load_policy, play_episodes
 
 
 @dataclass
@@ -124,8 +128,6 @@ def summarize(trajs) -> dict:
 
 def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_size: int, desc: str = "eval") -> tuple[dict, list]:
     """Play task_ids in batches; return (metrics, trajectories)."""
-    from rollout import play_episodes
-
     trajs = []
     for start in range(0, len(task_ids), batch_size):
         chunk = task_ids[start : start + batch_size]
@@ -141,10 +143,6 @@ def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, 
     """train.py's periodic evaluation: greedy play of num_games games of `split` (None: the env's
     eval split), round-robin over task types; returns the metrics keyed "eval/<name>". The
     caller's RNG state is left as it was."""
-    import torch
-
-    from rollout import ModelPolicy
-
     games = pick_games(env, split or env.default_eval_split, num_games)
     policy = ModelPolicy(model, tokenizer, max_new_tokens, temperature=0.0)
     with torch.random.fork_rng(devices=[]):
@@ -166,8 +164,6 @@ def print_table(metrics: dict, title: str) -> None:
 
 def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
-    from infra.cli import check_domains
-
     problems = check_domains(args, positive=("batch_size", "max_new_tokens"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
     try:
@@ -183,14 +179,10 @@ def check_args(args: EvalArgs) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from infra.cli import parse_dataclass
-
     args = parse_dataclass(EvalArgs, argv, description=__doc__)
     check_args(args)
     ckpt = None
     if args.checkpoint:
-        from infra.checkpoint import find_checkpoint, read_config
-
         ckpt = find_checkpoint(args.checkpoint)
         read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
     history_len = history_length(args.history)
@@ -224,7 +216,6 @@ def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None
     """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in its run folder."""
     if ckpt is None:
         return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
-    from infra.checkpoint import run_dir_of
 
     return run_dir_of(ckpt) / f"eval_{env}_{split}_{ckpt.name}.json"
 
@@ -233,11 +224,6 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
     """The LLM policy for --policy model: the base model, or a checkpoint's policy exactly as it
     was trained (base model, 4-bit or not, warm start and, for `tiny`, its seed, all read from
     the checkpoint)."""
-    import torch
-
-    from infra.checkpoint import load_checkpoint_policy
-    from rollout import ModelPolicy, load_policy
-
     torch.manual_seed(args.seed)
     if ckpt is not None:
         model, tokenizer = load_checkpoint_policy(ckpt)
@@ -247,6 +233,4 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

@@ -21,22 +21,31 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
-import warnings
 from pathlib import Path
 
+import infra  # noqa: F401  first: its __init__ quiets two third-party notices before peft loads bitsandbytes
+# isort: split
+import psutil
 import torch
+from accelerate import init_empty_weights
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors import SafetensorError
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from infra.cli import UserError
 from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids
-
-# Two third-party notices that tell a user of this project nothing, filtered by their exact text:
-# bitsandbytes logs that an optional CPU kernel package (`kernels`) is missing; its CPU path works
-# without it. transformers warns that peft reads a deprecated attribute (is_gradient_checkpointing).
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-    lambda record: "Failed to load CPU gemm_4bit_forward" not in record.getMessage())
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -69,9 +78,6 @@ search[blue shoes] click[buy now] click[back to search] click[next >] [SEP] Inst
 
 def build_tiny_tokenizer(vocab_size: int = 1024):
     """A small byte-level BPE tokenizer with a Qwen-style chat template (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -89,8 +95,6 @@ def build_tiny_tokenizer(vocab_size: int = 1024):
 
 def build_tiny_model(tokenizer, seed: int = 0):
     """A random 2-layer Qwen2 (hidden 64) over the tiny tokenizer's vocabulary, float32."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -143,8 +147,6 @@ def default_model_name() -> str:
 
 def load_tokenizer(name: str):
     """The tokenizer of `name` ("tiny", "smollm2", a Hugging Face id or a local path), left-padding."""
-    from transformers import AutoTokenizer
-
     if name == "tiny":
         return build_tiny_tokenizer()
     if name == "smollm2":
@@ -165,9 +167,6 @@ def estimate_weight_bytes(name: str, load_in_4bit: bool) -> int:
     nf4 stores linear layers at ~0.5 byte a parameter (plus ~4% quantization constants);
     embeddings and the output head stay bf16 (2 bytes); without 4-bit everything is bf16.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     check_model_source(name)
     config = AutoConfig.from_pretrained(name, trust_remote_code=False)
     with init_empty_weights():
@@ -186,8 +185,6 @@ def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
         free = torch.cuda.mem_get_info(torch.device(device))[0]
         where = "free GPU memory"
     else:
-        import psutil
-
         free = psutil.virtual_memory().available
         where = "available RAM"
     if need > 0.9 * free:
@@ -218,9 +215,6 @@ def load_policy(
     warm start of warmstart.py) merged into the base weights first, so that the base, and
     with it the reference model, is the warm-started policy.
     """
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
     name = name or default_model_name()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if load_in_4bit is None:
@@ -248,6 +242,7 @@ def load_policy(
             name, quantization_config=quant, dtype=dtype, device_map=device, trust_remote_code=False
         )  # never code from a model folder (check_model_source refused one that asks for it)
         if load_in_4bit and not device.startswith("cuda"):
+            # deferred: bitsandbytes only for 4-bit weights on a CPU
             import bitsandbytes as bnb
 
             # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for inference during a
@@ -305,9 +300,6 @@ def check_adapter_folder(adapter: str | os.PathLike) -> None:
 
 def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
     """A saved LoRA adapter on `base`; an adapter made for another model, or a broken one, is a clear error."""
-    from peft import PeftModel
-    from safetensors import SafetensorError
-
     check_adapter_folder(adapter)
     try:
         return PeftModel.from_pretrained(base, str(adapter), is_trainable=is_trainable)
@@ -364,8 +356,6 @@ def response_logprobs(
 def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
                   desc: str = "log-probs") -> torch.Tensor:
     """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T)."""
-    from tqdm.auto import tqdm  # deferred: progress bars only where a pass runs
-
     device = model.get_input_embeddings().weight.device
     out = torch.zeros(len(rows), T)
     with torch.no_grad():
@@ -383,8 +373,6 @@ def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 
     Installed as the model's own generation_config, so that no default of the model's
     (Qwen ships top_p 0.8, top_k 20, repetition penalty 1.05) can be merged back in.
     """
-    from transformers import GenerationConfig
-
     eos = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
@@ -448,8 +436,6 @@ def play_episodes(
     groups: the group index of each episode (default: its position). Returns the trajectories
     in task_ids order, each step holding exactly the ids that were fed and sampled.
     """
-    from tqdm.auto import tqdm
-
     states = env.reset(task_ids)
     groups = list(range(len(task_ids))) if groups is None else groups
     trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, groups, states)]

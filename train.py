@@ -39,10 +39,21 @@ from envs import draw_tasks, history_length, make_env, resolve_workers, training
 from eval import greedy_evaluation
 from infra import config, metrics
 from infra.checkpoint import RunFolder, find_checkpoint, restore_training_state, run_policy, run_warmstart
+from infra.cli import run
 from infra.distributed import DataParallel
 from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs
-from segments import (EXPERT_HEADLINE, Row, Trajectory, action_masks, build_row, build_teacher_row, collate_rows,
-                      format_plan, response_segment_ids, sibling_hindsight)
+from segments import (
+    EXPERT_HEADLINE,
+    Row,
+    Trajectory,
+    action_masks,
+    build_row,
+    build_teacher_row,
+    collate_rows,
+    format_plan,
+    response_segment_ids,
+    sibling_hindsight,
+)
 
 
 @dataclass
@@ -342,6 +353,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

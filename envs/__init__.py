@@ -149,6 +149,7 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **k
     if max_steps > 0:
         kwargs["max_steps"] = max_steps
     if name == "alfworld" and workers > 1:
+        # deferred: each env's packages only when that env is asked for
         from envs.workers import WorkerEnv
 
         return WorkerEnv(name, workers, **kwargs)

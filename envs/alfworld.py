@@ -23,8 +23,8 @@ import re
 import time
 from pathlib import Path
 
-from infra.cli import DataError
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from infra.cli import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -150,7 +150,10 @@ def _engine(gamefile: str, max_episode_steps: int, expert: str = "handcoded"):
     package's scripted expert, its next action) or "planner" (the PDDL planner, fast-downward:
     a shortest plan from the current state, recomputed after every step)."""
     os.environ.setdefault("ALFWORLD_DATA", str(SHIPPED_DATA))  # else importing alfworld makes ~/.cache/alfworld
+    # deferred: the ALFWorld engine only for ALFWorld (it also writes ~/.cache unless ALFWORLD_DATA is set)
     import textworld
+
+    # deferred: the ALFWorld engine only for ALFWorld (it also writes ~/.cache unless ALFWORLD_DATA is set)
     import textworld.gym
     from alfworld.agents.environment.alfred_tw_env import (
         AlfredDemangler,

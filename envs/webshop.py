@@ -39,9 +39,12 @@ import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from infra.cli import DataError
+import bm25s
+import Stemmer
+
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
+from infra.cli import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
 SPLITS = ("train", "test")
@@ -225,8 +228,6 @@ def split_goals(goals: list[dict]) -> dict[str, list[int]]:
 # ----------------------------------------------------------------------------- search
 @functools.cache
 def _porter():
-    import Stemmer
-
     return Stemmer.Stemmer("porter")  # built once, not on every document and query
 
 
@@ -240,8 +241,6 @@ class SearchEngine:
     """BM25 over upstream's indexed text of each product (title, description, first bullet, options)."""
 
     def __init__(self, products: list[dict]):
-        import bm25s
-
         self.asins = [p["asin"] for p in products]
         docs = []
         for p in products:

@@ -22,14 +22,12 @@ import multiprocessing as mp
 import sys
 import time
 
+from envs import EnvStep, check_responses, make_env
 from infra.cli import DataError
-from envs import EnvStep, check_responses
 
 
 def _serve(conn, name: str, kwargs: dict) -> None:
     """A worker's loop: build the env, then answer reset / step / close until told to stop."""
-    from envs import make_env
-
     env = make_env(name, **kwargs)
     try:
         while True:
@@ -51,8 +49,6 @@ class WorkerEnv:
     """A batched env whose episodes run in `workers` processes (see the module docstring)."""
 
     def __init__(self, name: str, workers: int, **kwargs):
-        from envs import make_env
-
         self.local = make_env(name, **kwargs)  # answers everything but reset/step; plays no episode
         self.name, self.max_steps, self.default_eval_split = name, self.local.max_steps, self.local.default_eval_split
         self._env_name, self._kwargs, self.n = name, kwargs, workers

@@ -31,6 +31,7 @@ gives W0 + s2 (B1 (s1 / s2) A1 + B2 A2), the same matrix.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -40,8 +41,11 @@ import shutil
 from pathlib import Path
 
 import torch
+from peft import LoraConfig
+from safetensors.torch import load_file, save_file
 
 from infra.cli import UserError
+from rollout import load_policy
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
 CHECKPOINT_NAME = re.compile(r"iter-(\d+)")  # the only names train.py gives a checkpoint
@@ -285,9 +289,6 @@ def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, 
 def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike | None) -> None:
     """The plain-peft adapter (warm start folded in) and the model card; with a warm start also
     the adapter as trained and a copy of the warm start (for an exact resume)."""
-    from peft import LoraConfig
-    from safetensors.torch import load_file, save_file
-
     if warmstart is None:
         model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
     else:
@@ -315,8 +316,6 @@ def fold_adapters(state1: dict, cfg1, state2: dict, cfg2) -> tuple[dict, object]
     """One LoRA equal to adapter 1 (e.g. the warm start) plus adapter 2 (trained on top of it):
     rank r1 + r2, A = [A1; A2], B = [B1 * s1 / s2, B2], alpha = s2 * (r1 + r2) (module docstring).
     A module that only one adapter touches gets zeros for the other's half."""
-    import copy
-
     for cfg in (cfg1, cfg2):
         if cfg.use_rslora or cfg.use_dora or cfg.rank_pattern or cfg.alpha_pattern:
             raise ValueError("fold_adapters handles plain LoRA only (no rsLoRA, DoRA or per-module ranks)")
@@ -417,8 +416,6 @@ def checkpoint_adapters(ckpt: Path) -> tuple[Path, Path | None]:
 def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_checkpointing: bool = False):
     """The policy exactly as the run trained it: base, 4-bit or not, warm start, adapter, seed
     (for `tiny`), all read from the checkpoint. Returns (model, tokenizer)."""
-    from rollout import load_policy
-
     config = read_config(ckpt)
     adapter, warm = checkpoint_adapters(ckpt)
     model, tokenizer = load_policy(
@@ -432,8 +429,6 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
 def run_policy(args, ckpt: Path | None, device: str):
     """train.py's policy: a checkpoint's policy exactly as saved (resume), else the base model
     (warm-started with --init-adapter) with a new LoRA adapter. Returns (model, tokenizer)."""
-    from rollout import load_policy
-
     if ckpt is not None:
         return load_checkpoint_policy(ckpt, device=device, gradient_checkpointing=args.gradient_checkpointing)
     return load_policy(args.model, device=device, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,

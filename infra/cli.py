@@ -18,6 +18,7 @@ import math
 import re
 import sys
 import typing
+from pathlib import Path
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
 
@@ -41,6 +42,12 @@ def run(main) -> None:
         print("interrupted: a run folder keeps its last checkpoint; continue with --resume RUN_DIR", file=sys.stderr)
         raise SystemExit(130) from None
     raise SystemExit(0 if result is None or result else 1)
+
+
+def _prog() -> str:
+    """The command as a user types it: `python -m tools.credit` for a tool, else the script's name."""
+    path = Path(sys.argv[0]).resolve()
+    return f"python -m tools.{path.stem}" if path.parent == Path(__file__).resolve().parent.parent / "tools" else path.name
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +80,7 @@ def _optional(kind):
 def build_parser(cls, description: str | None = None, defaults: dict | None = None, suppress: bool = False):
     """A parser for `cls`. defaults: overrides of the dataclass defaults (shown in --help).
     suppress: flags not given are left out of the result (to learn which flags were given)."""
-    parser = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = _Parser(prog=_prog(), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                      argument_default=argparse.SUPPRESS if suppress else None, add_help=not suppress)
     helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
     for f in dataclasses.fields(cls):

@@ -10,6 +10,7 @@ token by how many tokens its process happened to hold.)
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 
@@ -27,8 +28,6 @@ class DataParallel:
         self.world, self.rank, self.device = int(os.environ.get("WORLD_SIZE", "1")), 0, None
         if self.world > 1:
             from accelerate import PartialState  # starts the process group (gloo on CPU, nccl on GPUs)
-
-            from datetime import timedelta
 
             # a long timeout: the other processes wait while the main one evaluates and saves
             state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=3))

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import DataError
-
 from envs import extract_action
 from envs.alfworld import (
     SHIPPED_DATA,
@@ -17,6 +15,7 @@ from envs.alfworld import (
     replay,
 )
 from eval import ExpertPolicy, pick_games, summarize
+from infra.cli import DataError
 from rollout import play_episodes
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alfworld"

@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from tools import compare
-from tools import credit
 from segments import Step, Trajectory
+from tools import compare, credit
 
 
 def test_auc_of_perfect_inverted_constant_and_tied_scorers():

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import train
-from infra import metrics
 from advantage import (
     anchor_groups,
     discounted_returns,
     gigpo_token_advantages,
     grpo_advantages,
 )
+from infra import metrics
 from rollout import load_policy
 from stub_env import StubEnv
 

@@ -6,10 +6,12 @@ import torch
 
 import eval as eval_script
 import train
+from envs.alfworld import AlfWorldEnv
 from infra import config
 from infra.cli import UserError
-from envs.alfworld import AlfWorldEnv
-from rollout import ModelPolicy, check_fits, load_policy, play_episodes
+from rollout import ModelPolicy, build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, play_episodes
+from stub_env import StubEnv
+from tiny_runs import flags
 
 
 def test_embedded_smollm2_plays_a_short_episode():
@@ -61,3 +63,25 @@ def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
     """--checkpoint on a folder without a checkpoint says so."""
     with pytest.raises(UserError, match="no complete checkpoint"):
         eval_script.main(["--policy", "model", "--checkpoint", str(tmp_path)])
+
+
+def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
+    """A tiny Qwen2 saved to a folder loads through load_policy(..., load_in_4bit=True,
+    device='cpu') as nf4 + LoRA, plays a rollout and takes an update step that moves the LoRA
+    weights (with the bitsandbytes CPU workaround in place)."""
+    import bitsandbytes as bnb
+
+    tok = build_tiny_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(tmp_path / "tiny-qwen2")
+    tok.save_pretrained(tmp_path / "tiny-qwen2")
+    model, tok = load_policy(str(tmp_path / "tiny-qwen2"), load_in_4bit=True, device="cpu", lora_r=4, lora_alpha=8,
+                             announce=lambda s: None)
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+    args = train.parse_args(["--load-in-4bit"] + flags(
+        model=str(tmp_path / "tiny-qwen2"), preset="none", groups=2, group_size=2, max_steps=2, max_new_tokens=6,
+        lr=1e-2, eval_every=0, hindsight="expert", output_dir=str(tmp_path / "run")))
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    metrics, _ = trainer.iteration()
+    assert metrics["rows"] > 0 and metrics["update/optimizer_steps"] == 2
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" in n)

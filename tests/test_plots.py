@@ -3,14 +3,13 @@ import html as html_lib
 import json
 
 import pytest
-
-from infra.cli import UserError
 from PIL import Image
 
 import train
-from tools.plots import make_plots, multiplier_color
+from infra.cli import UserError
 from rollout import load_policy
 from stub_env import StubEnv
+from tools.plots import make_plots, multiplier_color, segments_html
 
 
 def test_plots_from_a_run_folder(tmp_path):
@@ -64,3 +63,10 @@ def test_hostile_logs_are_drawn_as_text(tmp_path):
     assert "multiplier m = n/a" in html
     for name in ("segments.png", "curves.png", "per_type.png"):
         assert files[name].stat().st_size > 1000
+
+
+def test_plots_escape_task_types():
+    sample = {"iteration": 1, "task_id": "t", "task_type": "<script>x</script>", "won": False, "reward": 0.0,
+              "advantage": 0.0, "hindsight": None, "segments": []}
+    html = segments_html([sample], 0.2)
+    assert "<script>x" not in html and "&lt;script&gt;" in html

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import checkpoint
 import train
+from infra import checkpoint
 from infra.cli import UserError
 from tiny_runs import tiny_args, tiny_train
 

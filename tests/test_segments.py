@@ -4,6 +4,7 @@ import torch
 
 from segments import (
     HINDSIGHT_HEADER,
+    action_token_mask,
     add_hindsight,
     build_row,
     build_teacher_row,
@@ -104,3 +105,10 @@ def test_segment_means_matches_loop(seed):
             picked = [values[b, t].item() for t in range(T) if seg[b, t] == s]
             slow[b, s] = sum(picked) / len(picked) if picked else 0.0
     assert torch.allclose(fast, slow, atol=1e-6)
+
+
+def test_action_mask_finds_the_action_in_any_case(tiny_tokenizer):
+    """--gap-tokens action finds <ACTION>...</Action> as the parser accepts it."""
+    ids = tiny_tokenizer.encode("<think>x</think><ACTION>look</Action>")
+    mask = action_token_mask(tiny_tokenizer, ids)
+    assert any(mask) and not mask[0]

@@ -7,10 +7,13 @@ import torch
 
 import train
 from advantage import ALGORITHMS
+from envs import draw_tasks
+from infra import metrics
+from infra.cli import UserError
 from rollout import ModelPolicy, load_policy, play_episodes, response_logprobs
 from segments import build_row, collate_rows
-from infra.cli import UserError
 from stub_env import StubEnv
+from tiny_runs import flags
 
 TIMING_KEYS = ("seconds/", "tokens_per_s", "peak_memory")
 
@@ -179,10 +182,46 @@ def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
 def test_bad_flags_are_clear_errors(capsys):
     """Bad settings stop before any loading, naming the flag (argparse's own errors exit 2 with
     the flag and the allowed values; range checks raise UserError)."""
-    for flags, needle in ((["--algo", "ppo"], "--algo"), (["--hindsight", "oracle"], "--hindsight")):
+    for argv, needle in ((["--algo", "ppo"], "--algo"), (["--hindsight", "oracle"], "--hindsight")):
         with pytest.raises(SystemExit) as exit_info:
-            train.parse_args(flags)
+            train.parse_args(argv)
         assert exit_info.value.code == 2 and needle in capsys.readouterr().err
-    for flags, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--mult-eps", "1.5"], "--mult-eps")):
+    for argv, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--mult-eps", "1.5"], "--mult-eps")):
         with pytest.raises(UserError, match=needle):
-            train.parse_args(flags)
+            train.parse_args(argv)
+
+
+@pytest.mark.parametrize("algo", ["sharpo", "rlsd", "sdar", "grpo"])
+def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
+    """mult_* summarises the multiplier each algorithm really applies: per segment for sharpo,
+    per trained token for rlsd (its mean differs from the segment view), none for sdar/grpo."""
+    args = train.parse_args(flags(model="tiny", preset="none", algo=algo, groups=2, group_size=4, max_steps=2,
+                                   max_new_tokens=8, eval_every=0, hindsight="expert", mult_eps=0.9,
+                                   output_dir=str(tmp_path / "r")))
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    trajs, _ = trainer.rollout(1)
+    batch = trainer.make_rows(trajs)
+    trainer.score(batch)
+    with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
+        batch.logp_teacher = batch.logp_teacher + torch.linspace(-0.5, 0.5, batch.logp_teacher.shape[1])
+    trainer.advantages(batch)
+    batch.adv_row = torch.where(batch.adv_row == 0, torch.ones_like(batch.adv_row), batch.adv_row)
+    m = metrics.teacher_metrics(batch, algo, args.mult_eps)
+    sel = batch.has_hindsight & (batch.adv_row != 0)
+    if algo == "sharpo":
+        assert m["mult_mean"] == pytest.approx(float(batch.mults[sel].mean()))
+    elif algo == "rlsd":
+        tokens = batch.token_mults[sel][batch.segment_ids[sel] >= 0]
+        assert m["mult_mean"] == pytest.approx(float(tokens.mean()))
+    else:
+        assert "mult_mean" not in m
+
+
+def test_tasks_of_an_iteration_are_distinct_while_there_are_enough(tmp_path):
+    args = train.parse_args(flags(model="tiny", preset="none", groups=2, eval_every=0, output_dir=str(tmp_path / "r")))
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))  # the stub has 2 tasks
+    for _ in range(20):
+        assert sorted(draw_tasks(trainer.rng, trainer.tasks, 2)) == ["task-a", "task-b"]
+    assert sorted(set(draw_tasks(trainer.rng, trainer.tasks, 5))) == ["task-a", "task-b"]

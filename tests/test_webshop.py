@@ -4,12 +4,11 @@ import shutil
 
 import pytest
 
-from infra.cli import DataError
-
 import train
 from envs.webshop import SHIPPED_DATA, Page, SearchEngine, WebShopEnv, load_products, parse_action
 from envs.webshop_reward import attribute_matches, option_matches, purchase_score, type_reward
 from eval import ExpertPolicy, summarize
+from infra.cli import DataError
 from rollout import play_episodes
 
 

@@ -15,3 +15,19 @@ def tiny_train(args) -> tuple[list[dict], "train.Trainer"]:
     """Run (or resume) `args` on the StubEnv; returns (metrics of the iterations run, trainer)."""
     trainer = train.Trainer(args, env=StubEnv(args.max_steps))
     return train.train(args, trainer), trainer
+
+
+def flags(**kw) -> list[str]:
+    """train.py's command line for these flag values."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+
+
+def tiny_run_folder(tmp_path, name="run", **kw):
+    """A finished 1-iteration tiny run on the stub env; returns its folder."""
+    base = dict(model="tiny", preset="none", iterations=1, groups=2, group_size=2, max_steps=2, max_new_tokens=6,
+                lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", lr=1e-2, seed=7,
+                output_dir=str(tmp_path / name))
+    base.update(kw)
+    args = train.parse_args(flags(**base))
+    train.train(args, train.Trainer(args, env=StubEnv(args.max_steps)))
+    return tmp_path / name

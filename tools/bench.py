@@ -25,9 +25,14 @@ import time
 from dataclasses import dataclass
 
 import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from infra.cli import UserError
-from envs import EnvStep
+import train
+from envs import EnvStep, make_env, resolve_workers
+from eval import RandomPolicy
+from infra.cli import UserError, parse_dataclass, run
+from rollout import LORA_TARGETS, build_tiny_tokenizer, load_policy
 
 
 @dataclass
@@ -101,11 +106,9 @@ class SyntheticEnv:
 
 def qwen7b_shape_model():
     """A Qwen2.5-7B-shaped model with random weights, linear layers swapped for nf4 4-bit."""
+    # deferred: bitsandbytes only for 4-bit weights on a CPU
     import bitsandbytes as bnb
-    from peft import LoraConfig, get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rollout import LORA_TARGETS, build_tiny_tokenizer
 
     config = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                          num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -132,9 +135,6 @@ def qwen7b_shape_model():
 
 def bench_env(args: BenchArgs) -> dict:
     """Seconds per reset and per turn of the ALFWorld engine, in-process vs N workers."""
-    from envs import make_env, resolve_workers
-    from eval import RandomPolicy
-
     n = resolve_workers(args.env_workers, args.episodes)
     results = {}
     for workers in (1, n):
@@ -167,10 +167,6 @@ def bench_env(args: BenchArgs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import train
-    from infra.cli import parse_dataclass
-    from rollout import load_policy
-
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
     if args.env == "alfworld":
         if args.policy != "random":
@@ -225,6 +221,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

@@ -31,8 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import train
 from advantage import ALGORITHMS
-from infra.cli import UserError
+from infra.checkpoint import find_checkpoint, read_iteration
+from infra.cli import UserError, check_domains, parse_dataclass, run
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
@@ -128,9 +130,11 @@ def markdown_table(table: dict) -> str:
 
 def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
     """One panel per metric: mean over seeds per iteration, 95% t-interval band."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
@@ -157,8 +161,6 @@ def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
 # ----------------------------------------------------------------------------- running
 def run_state(run: Path, iterations: int | None) -> str:
     """'done', 'partial' (resume it) or 'new'."""
-    from infra.checkpoint import find_checkpoint, read_iteration
-
     try:
         done = read_iteration(find_checkpoint(run))
     except UserError:
@@ -168,8 +170,6 @@ def run_state(run: Path, iterations: int | None) -> str:
 
 def train_iterations(train_flags: list[str]) -> int:
     """The --iterations the runs will have (train.py's own resolution of the flags)."""
-    import train
-
     return train.parse_args(train_flags).iterations
 
 
@@ -186,8 +186,6 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from infra.cli import check_domains, parse_dataclass
-
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parse_dataclass(CompareArgs, own, description=__doc__)
@@ -238,6 +236,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

@@ -56,11 +56,18 @@ from envs import history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
-from infra.cli import UserError, check_domains, parse_dataclass
+from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import WARMSTART
 from rollout import ModelPolicy, load_policy, play_episodes, rows_logprobs
-from segments import (EXPERT_HEADLINE, Trajectory, action_masks, build_row, build_teacher_row, format_plan,
-                      response_segment_ids)
+from segments import (
+    EXPERT_HEADLINE,
+    Trajectory,
+    action_masks,
+    build_row,
+    build_teacher_row,
+    format_plan,
+    response_segment_ids,
+)
 
 TEACHERS = ("plan", "other_task", "shuffled", "filler")  # the real hindsight, then the three placebos
 PLACEBOS = TEACHERS[1:]
@@ -404,9 +411,11 @@ def print_table(table: dict, info: dict) -> None:
 
 
 def roc_png(data: dict, path: Path) -> None:
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
@@ -481,6 +490,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

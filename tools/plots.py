@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from infra.cli import UserError
+from infra.cli import UserError, run
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -97,9 +97,11 @@ def segments_html(samples: list[dict], eps: float) -> str:
 
 def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: int = 2) -> None:
     """A picture of the first trajectories: one box per segment, colored by its multiplier."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
     chosen = [s for s in samples if s.get("hindsight")][:max_trajectories] or samples[:max_trajectories]
@@ -132,9 +134,11 @@ def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: 
 
 def curves_png(metrics: list[dict], path: Path) -> None:
     """Success, mean reward, invalid rate and multiplier spread per iteration."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
     metrics = [m for m in metrics if isinstance(m.get("iteration"), int)]
@@ -160,9 +164,11 @@ def curves_png(metrics: list[dict], path: Path) -> None:
 
 def per_type_png(metrics: list[dict], path: Path) -> None:
     """Success per task type over the whole run (rollouts) and at the last evaluation."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
     types = sorted({k.rsplit("success/", 1)[1] for m in metrics for k in m if k.startswith(("success/", "eval/success/"))})
@@ -220,6 +226,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

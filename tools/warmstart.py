@@ -38,7 +38,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
+from envs import extract_action, history_length, make_env
+from eval import pick_games
+from infra.cli import parse_dataclass, run
+from rollout import ModelPolicy, load_policy, response_logprobs, save_adapter
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
 
 
@@ -112,8 +117,6 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
 def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], rows_per_pass: int = 8) -> list[float]:
     """Mean log-prob per answer token of expert_answer(task, action) and the end of turn, after
     each case's messages: cases = [(messages, task, action)]."""
-    from rollout import response_logprobs
-
     rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a), add_special_tokens=False)
                       + [tokenizer.eos_token_id]) for m, t, a in cases]
     out = []
@@ -132,9 +135,6 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
     next action (on_plan), and on one that takes another admissible action (off_plan); and the
     share of valid answers sampled at temperature 1 without a block. Reading shows as
     on_plan > 0 > off_plan."""
-    from envs import extract_action
-    from rollout import ModelPolicy
-
     rng = random.Random(seed)
     on_cases, off_cases, contexts, states = [], [], [], []
     for task_id in games:
@@ -170,18 +170,10 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tqdm.auto import tqdm
-
-    from infra.cli import parse_dataclass
-    from envs import history_length, make_env
-    from rollout import load_policy, response_logprobs, save_adapter
-
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     if args.check:
-        from eval import pick_games
-
         model, tokenizer = load_policy(args.model, init_adapter=args.check if args.check != "none" else None,
                                        lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
         model.eval()
@@ -220,6 +212,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from infra.cli import run
-
     run(main)

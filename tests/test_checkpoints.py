@@ -1,0 +1,158 @@
+"""Checkpoints load as exactly the policy that was trained (resume, eval, plain peft on the plain
+base, the warm start folded in), and loading one never runs code or accepts non-finite weights."""
+import json
+import os
+
+import pytest
+import torch
+from peft import PeftModel
+
+import eval as eval_script
+import train
+from infra import checkpoint, config
+from infra.checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
+from infra.cli import UserError
+from rollout import build_tiny_model, build_tiny_tokenizer, load_policy, smollm2_gguf
+from stub_env import StubEnv
+from tiny_runs import flags, tiny_args, tiny_train
+
+
+def _logits(model, ids=(5, 9, 14, 3, 77, 12)) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([list(ids)])).logits
+
+
+def test_eval_and_plain_peft_reproduce_a_tiny_run(tmp_path):
+    """A tiny run with seed 7: eval.py's policy, the policy rebuilt for resume and plain peft on
+    the base built with the run's seed all give the trained policy's logits exactly."""
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=2, group_size=2, max_steps=2,
+                                   max_new_tokens=6, lora_r=4, lora_alpha=8, eval_every=0, lr=5e-2, seed=7,
+                                   output_dir=str(tmp_path / "run")))
+    trainer = train.Trainer(args, env=StubEnv(2))
+    train.train(args, trainer)
+    trained = _logits(trainer.model)
+    ckpt = find_checkpoint(tmp_path / "run")
+    policy = eval_script.load_model_policy(eval_script.EvalArgs(policy="model", checkpoint=str(ckpt)), ckpt)
+    assert torch.equal(_logits(policy.model), trained)
+    assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
+    base = build_tiny_model(build_tiny_tokenizer(), seed=7)
+    assert torch.equal(_logits(PeftModel.from_pretrained(base, str(ckpt))), trained)
+    other_seed = PeftModel.from_pretrained(build_tiny_model(build_tiny_tokenizer(), seed=0), str(ckpt))
+    assert not torch.allclose(_logits(other_seed), trained)  # the seed matters: eval must use the run's
+
+
+def test_warm_started_checkpoint_loads_in_plain_peft_on_the_plain_base(tmp_path):
+    """With a warm start (merged into the base before training), the saved adapter folds the warm
+    start in: plain peft on the *un-warm-started* base reproduces the trained logits; resume and
+    eval (warm start merged, trained adapter on top) reproduce them exactly; the model card and
+    adapter_config name the base and the warm start."""
+    tok = build_tiny_tokenizer()
+    warm, _ = load_policy("tiny", lora_r=4, lora_alpha=16, seed=3)  # a stand-in warm start: random non-zero B
+    with torch.no_grad():
+        for n, p in warm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    warm.save_pretrained(tmp_path / "warm")
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=2, group_size=2, max_steps=2,
+                                   max_new_tokens=6, lora_r=2, lora_alpha=8, eval_every=0, lr=5e-2, seed=3,
+                                   init_adapter=str(tmp_path / "warm"), output_dir=str(tmp_path / "run")))
+    trainer = train.Trainer(args, env=StubEnv(2))
+    train.train(args, trainer)
+    trained = _logits(trainer.model)
+    ckpt = find_checkpoint(tmp_path / "run")
+    assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
+    plain = PeftModel.from_pretrained(build_tiny_model(tok, seed=3), str(ckpt))
+    assert torch.allclose(_logits(plain), trained, atol=1e-5)
+    no_fold = PeftModel.from_pretrained(build_tiny_model(tok, seed=3), str(ckpt / "trained"))
+    assert not torch.allclose(_logits(no_fold), trained, atol=1e-3)  # the warm start is what the fold adds
+    card = (ckpt / "README.md").read_text()
+    assert "--algo sharpo" in card and "warm" in card and "rank 6" in card
+    assert json.loads((ckpt / "adapter_config.json").read_text())["r"] == 6
+
+
+def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
+    """The embedded SmolLM2 with the shipped warm start: the saved checkpoint gives the same
+    logits through eval/resume loading (exactly) and through plain peft on the GGUF base
+    (folded); adapter_config names the Hugging Face id and the card says how to load the file."""
+    model, _ = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=config.WARMSTART, announce=lambda s: None)
+    with torch.no_grad():  # stands in for training: a non-zero adapter
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
+    trained = _logits(model)
+    flags = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(config.WARMSTART), load_in_4bit=False,
+                                    lora_r=4, lora_alpha=8))}
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_policy(model, ckpt, flags, config.WARMSTART)
+    (ckpt / "config.json").write_text(json.dumps(flags))
+    assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
+    from transformers import AutoModelForCausalLM
+
+    gguf = smollm2_gguf()
+    base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # float32 rounding only: one path merges the warm start into the base weights, the other applies it
+    # as LoRA on the fly; over 30 layers that moves logits of size ~30 by ~3e-4 (1e-5 of their scale)
+    assert torch.allclose(_logits(PeftModel.from_pretrained(base, str(ckpt))), trained, atol=5e-4, rtol=1e-5)
+    assert json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "gguf_file" in (ckpt / "README.md").read_text()
+
+
+def test_an_adapter_for_another_model_is_a_clear_error():
+    with pytest.raises(UserError, match="another base model"):
+        load_policy("tiny", init_adapter=config.WARMSTART)
+
+
+class _Payload:
+    """Unpickling this would create a file: the proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_crafted_run_folder_runs_no_code_on_resume(tmp_path):
+    """optimizer.pt holding a pickled call (what a crafted folder could ship) is refused with a
+    clear error and the call never runs; rng.json is plain JSON, a bad one is an error."""
+    tiny_train(tiny_args(tmp_path / "run", iterations=1))
+    ckpt = checkpoint.find_checkpoint(tmp_path / "run")
+    marker = tmp_path / "pwned"
+    torch.save({"state": {}, "param_groups": [], "x": _Payload(marker)}, ckpt / "optimizer.pt")
+    with pytest.raises(UserError, match="tensors only"):
+        train.Trainer(train.parse_args(["--resume", str(tmp_path / "run"), "--iterations", "2"]), env=StubEnv(2))
+    assert not marker.exists()
+    assert not (ckpt / "rng.pt").exists()  # RNG state is JSON, not a pickle
+    json.loads((ckpt / "rng.json").read_text())
+
+
+# ----------------------------------------------------------------------------- 2. kills
+# After each stage of the loop (the Trainer method, wrapped here), and between the writes of the
+# run folder (checkpoint.crash_hook, called where infra/checkpoint.py writes).
+
+
+def test_samples_stay_valid_json_and_nan_weights_are_refused(tmp_path):
+    """A non-finite number is written as null (strict JSON parses every line); an adapter or an
+    optimizer state holding NaN is refused at load with a clear message."""
+    path = tmp_path / "log.jsonl"
+    checkpoint.append_jsonl(path, [{"iteration": 1, "gap": float("nan"), "xs": [1.0, float("inf")]}])
+    record = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    assert record["gap"] is None and record["xs"] == [1.0, None]
+
+    tiny_train(tiny_args(tmp_path / "run", iterations=1))
+    ckpt = checkpoint.find_checkpoint(tmp_path / "run")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(ckpt / "adapter_model.safetensors")
+    name = next(iter(weights))
+    weights[name][0, 0] = float("nan")
+    save_file(weights, ckpt / "adapter_model.safetensors")
+    with pytest.raises(UserError, match="non-finite"):
+        checkpoint.load_checkpoint_policy(ckpt)
+    state = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    next(iter(state["state"].values()))["exp_avg"].fill_(float("nan"))
+    torch.save(state, ckpt / "optimizer.pt")
+    with pytest.raises(UserError, match="non-finite"):
+        checkpoint.load_optimizer_state(ckpt)

@@ -1,0 +1,90 @@
+"""The command line: flags mean what they say, presets and explicit flags combine as documented,
+and every user error is one line with exit code 2 before anything loads."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import eval as eval_script
+import train
+from infra import checkpoint, config
+from infra.cli import UserError
+from tiny_runs import tiny_args, tiny_train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_explicit_model_beats_the_presets_warm_start():
+    """The cpu-demo preset's warm start is SmolLM2's: with --model tiny it is dropped (it made a
+    size-mismatch crash); with the preset's own model it stays; an explicit one is kept."""
+    args = train.parse_args(["--preset", "cpu-demo", "--env", "alfworld", "--model", "tiny"])
+    assert args.model == "tiny" and args.init_adapter is None
+    assert train.parse_args(["--preset", "cpu-demo"]).init_adapter == str(config.WARMSTART)
+    assert train.parse_args(["--preset", "cpu-demo", "--init-adapter", "none"]).init_adapter is None
+
+
+def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
+    """`train.py --help` prints the defaults the chosen preset will use; a misspelt env is one
+    line, exit 2, before any model or env is imported."""
+    out = subprocess.run([sys.executable, "train.py", "--preset", "cpu-demo", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "--iterations ITERATIONS training iterations (one rollout batch each) (default: 2)" in text
+    assert "--model MODEL" in text and "(default: smollm2)" in text
+    bad = subprocess.run([sys.executable, "-c", "import sys, train; from infra.cli import run; "
+                          "run(lambda: train.main(['--env', 'alfwrld'])); "],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: argument --env: invalid choice: 'alfwrld'")
+    assert "Traceback" not in bad.stderr
+
+
+def test_min_new_tokens_is_refused_in_training():
+    with pytest.raises(UserError, match="--min-new-tokens"):
+        train.parse_args(["--min-new-tokens", "8"])
+
+
+@pytest.mark.parametrize("script, argv, needle", [
+    ("train", ["--env", "bogus"], "--env"),
+    ("train", ["--split", "bogus"], "--split"),
+    ("train", ["--lr", "-1"], "--lr"),
+    ("train", ["--lora-r", "0"], "--lora-r"),
+    ("train", ["--temperature", "nan"], "--temperature"),
+    ("eval", ["--batch-size", "0"], "--batch-size"),
+    ("eval", ["--policy", "expert", "--checkpoint", "runs/x"], "--policy model"),
+])
+def test_user_errors_are_one_line_and_exit_2(script, argv, needle):
+    code = f"import {script}; from infra.cli import run; run(lambda: {script}.main({argv!r}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_eval_checkpoint_without_config_is_a_clear_error(tmp_path):
+    tiny_train(tiny_args(tmp_path / "run", iterations=1))
+    ckpt = checkpoint.find_checkpoint(tmp_path / "run")
+    (ckpt / "config.json").unlink()
+    (tmp_path / "run" / "config.json").unlink()
+    with pytest.raises(UserError, match="no complete checkpoint|config.json"):
+        eval_script.main(["--policy", "model", "--checkpoint", str(ckpt)])
+
+
+def test_group_size_one_warns(capsys):
+    train.parse_args(["--group-size", "1", "--model", "tiny"])
+    assert "advantage 0" in capsys.readouterr().err
+
+
+def test_eval_writes_into_runs_not_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    eval_script.main(["--env", "webshop", "--policy", "random", "--num-games", "2"])
+    assert (tmp_path / "runs" / "eval" / "webshop_random_test.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+
+
+def test_install_script_shows_progress():
+    """install.sh says what it is doing (pip's progress is not silenced with -q)."""
+    text = (ROOT / "install.sh").read_text()
+    assert " -q" not in text and text.count("echo ") >= 3

@@ -1,0 +1,143 @@
+"""Env data is checked when it loads, before any model: a malformed or corrupt file is one error
+naming the file, the entry and the field; data that would silently change the task is refused,
+or made usable (WebShop option values) with the task unchanged."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.alfworld import AlfWorldEnv
+from envs.webshop import SHIPPED_DATA as WEBSHOP_DATA
+from envs.webshop import WebShopEnv
+from infra.cli import DataError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ALFWORLD_DATA = ROOT / "data" / "alfworld"
+
+
+def _copy_alfworld(tmp_path) -> Path:
+    shutil.copytree(ALFWORLD_DATA, tmp_path / "alf")
+    return tmp_path / "alf"
+
+
+def _first_game(root: Path) -> Path:
+    return sorted((root / "json_2.1.1" / "train").glob("*/*"))[0]
+
+
+@pytest.mark.parametrize("corrupt, needle", [
+    (lambda g: (g / "game.tw-pddl").unlink(), "game.tw-pddl is missing"),
+    (lambda g: (g / "traj_data.json").write_text("{not json"), "not valid JSON"),
+    (lambda g: _edit(g / "game.tw-pddl", walkthrough="go to desk 1"), "'walkthrough' should be a list"),
+    (lambda g: _edit(g / "traj_data.json", task_type="juggle"), "task_type 'juggle'"),
+    (lambda g: _edit(g / "traj_data.json", pddl_params={"object_target": "Mug"}), "pddl_params: field 'parent_target' is missing"),
+    (lambda g: _edit(g / "game.tw-pddl", solvable="yes"), "field 'solvable' should be bool"),
+    (lambda g: _edit(g / "game.tw-pddl", pddl_problem="garbage ((("), "'pddl_problem' is not a PDDL problem"),
+    (lambda g: _edit(g / "game.tw-pddl", pddl_problem="(define (problem p) (:goal (and)"), "balance its parentheses"),
+    (lambda g: _edit(g / "game.tw-pddl", grammar="}{ garbage"), "'grammar' is not a grammar"),
+    (lambda g: _edit(g / "game.tw-pddl", walkthrough=["dance"]), "'dance' is no ALFWorld command"),
+])
+def test_corrupt_alfworld_games_are_one_error_naming_file_and_field(tmp_path, corrupt, needle):
+    root = _copy_alfworld(tmp_path)
+    game = _first_game(root)
+    corrupt(game)
+    with pytest.raises(DataError, match=needle) as err:
+        AlfWorldEnv(data_dir=root).tasks("train")
+    assert str(game) in str(err.value)
+
+
+def _edit(path: Path, **fields):
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record))
+
+
+def _copy_webshop(tmp_path) -> Path:
+    shutil.copytree(WEBSHOP_DATA, tmp_path / "ws")
+    return tmp_path / "ws"
+
+
+def _edit_first(path: Path, fn):
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("file, fn, needle", [
+    ("items_human_ins", lambda d: next(iter(d.values()))[0].update(instruction_attributes="red"), "instruction_attributes"),
+    ("items_shuffle", lambda d: d[0].update(asin=d[0]["asin"].lower()), "upper-case"),
+    ("items_shuffle", lambda d: d[0].update(product_category=None), "'product_category' should be str"),
+    ("items_shuffle", lambda d: d[0].update(small_description=[1, 2]), "small_description"),
+    ("items_shuffle", lambda d: d[0].update(customization_options={"color": "red"}), "option 'color'"),
+    ("items_ins_v2", lambda d: d.update({next(iter(d)): {"attributes": "soft"}}), "'attributes' should be a list"),
+    ("items_shuffle", lambda d: d[0].update(pricing="$" + "9" * 400), "'pricing'"),
+    ("items_shuffle", lambda d: d[0].update(customization_options={"size": [{"value": "Description"}]}), "page button"),
+    ("items_shuffle", lambda d: d[0].update(customization_options={"size": [{"value": "\u2122"[:0] + "\u00a0"}]}), "empty"),
+])
+def test_corrupt_webshop_files_are_one_error_naming_file_entry_and_field(tmp_path, file, fn, needle):
+    root = _copy_webshop(tmp_path)
+    path = sorted(root.glob(f"{file}*.json"))[0]
+    _edit_first(path, fn)
+    with pytest.raises(DataError, match=needle) as err:
+        WebShopEnv(data_dir=root)
+    assert path.name in str(err.value)
+
+
+def test_webshop_option_values_are_made_clickable_and_the_task_is_unchanged(tmp_path):
+    """Option values with non-ASCII letters or brackets (real WebShop data has them) become ASCII
+    without brackets, on the page and in the goals alike: the expert still buys every goal at
+    score 1.0, and every option it clicks is an admissible action."""
+    root = _copy_webshop(tmp_path)
+    products = json.loads(sorted(root.glob("items_shuffle*.json"))[0].read_text())
+    human = json.loads((root / "items_human_ins.json").read_text())
+    changed = 0
+    for p in products:
+        for values in (p.get("customization_options") or {}).values():
+            for v in values or []:
+                new = "Caf\u00e9 [" + v["value"] + "]\u2122"
+                for ins in human.get(p["asin"], []):
+                    ins["instruction_options"] = [new if o.lower() == v["value"].lower() else o
+                                                  for o in ins.get("instruction_options") or []]
+                v["value"], changed = new, changed + 1
+    assert changed > 10
+    sorted(root.glob("items_shuffle*.json"))[0].write_text(json.dumps(products))
+    (root / "items_human_ins.json").write_text(json.dumps(human))
+    env = WebShopEnv(data_dir=root)
+    assert all(all(v.isascii() and "[" not in v for v in vals) for p in env.products for vals in p["options"].values())
+    from eval import ExpertPolicy, evaluate
+
+    for split in ("train", "test"):
+        metrics, _ = evaluate(env, ExpertPolicy(), env.tasks(split), 2, batch_size=64)
+        assert metrics["success"] == 1.0 and metrics["invalid_rate"] == 0.0
+
+
+def test_a_game_the_engine_cannot_load_is_one_error_naming_it(tmp_path):
+    """A game whose files pass the checks but that the engine cannot play (an undefined object in
+    its PDDL) stops train and eval with one line naming the game file, in-process and in a worker."""
+    root = _copy_alfworld(tmp_path)
+    game = _first_game(root)
+    record = json.loads((game / "game.tw-pddl").read_text())
+    _edit(game / "game.tw-pddl", pddl_problem=record["pddl_problem"].replace("(:init", "(:init (inReceptacle ghost1 ghost2)"))
+    for workers in (1, 2):
+        proc = subprocess.run([sys.executable, "eval.py", "--policy", "random", "--data-dir", str(root), "--split", "train",
+                               "--env-workers", str(workers), "--max-steps", "2"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and str(game) in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]
+
+
+def test_train_stops_on_bad_data_before_loading_a_model(tmp_path):
+    """A corrupt data folder ends train.py in one line, exit 2, before the model loads."""
+    root = _copy_alfworld(tmp_path)
+    (_first_game(root) / "game.tw-pddl").unlink()
+    code = ("import sys, rollout; from infra.cli import run; import train\n"
+            "rollout.load_policy = lambda *a, **k: sys.exit('the model was loaded')\n"
+            f"run(lambda: train.main(['--model', 'tiny', '--preset', 'none', '--data-dir', {str(root)!r}, "
+            f"'--output-dir', {str(tmp_path / 'run')!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "game.tw-pddl is missing" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,116 @@
+"""What the repository cites, it contains: every METHOD.md section cited exists, nothing points
+outside the repository, and every command in README.md and docs/ runs as written."""
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_cited_file_and_section_exists():
+    """Every 'METHOD.md section N' (or 'sections N-M') cited in code, notebooks, tests and docs
+    names a section METHOD.md has, and no text points outside the repository for the method."""
+    sections = {int(n) for n in re.findall(r"^## (\d+)\. ", (ROOT / "METHOD.md").read_text(), re.M)}
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.split()  # the repository's files, no venvs or runs
+    files = [ROOT / p for p in tracked if p.endswith((".py", ".md", ".ipynb"))]
+    assert any(p.name == "METHOD.md" for p in files)
+    cited = 0
+    for path in files:
+        text = path.read_text()
+        if path == Path(__file__):
+            continue  # this test names the strings it forbids
+        assert "../shared" not in text and "SHARPO.md" not in text, path
+        for a, b in re.findall(r"METHOD\.md,? sections? (\d+)(?:-(\d+))?", text):
+            for n in range(int(a), int(b or a) + 1):
+                assert n in sections, f"{path}: METHOD.md section {n}"
+                cited += 1
+        for name in re.findall(r"\b([A-Z]+\.md)\b", text):
+            assert (ROOT / name).exists(), f"{path} cites {name}"
+    assert cited >= 10
+
+
+# The scripts a command may name, with the dataclass their flags are parsed into.
+def _entry_points() -> dict:
+    import eval as eval_script
+    import train
+    from tools import bench, compare, credit, warmstart
+
+    return {"train.py": train.TrainArgs, "eval.py": eval_script.EvalArgs, "tools.credit": credit.CreditArgs,
+            "tools.compare": compare.CompareArgs, "tools.bench": bench.BenchArgs, "tools.warmstart": warmstart.WarmstartArgs}
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Every command line in a Markdown text: the lines of ``` code blocks that run something, and
+    inline `python ...` / `bash ...` spans; comments dropped, `&&` chains split, env prefixes kept out."""
+    import shlex
+
+    found = []
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    lines += re.findall(r"`((?:OMP_NUM_THREADS=\d+ )?(?:python|bash|torchrun|accelerate launch) [^`]+)`", text)
+    for line in lines:
+        line = line.split("  #")[0].split(" # ")[0].strip()
+        if not re.match(r"(?:[A-Z_]+=\S+ )*(?:python3?|bash|torchrun|accelerate|\S+/python) ", line):
+            continue  # not a command: a file tree, a picture of a folder, output
+        for part in line.split("&&"):
+            words = shlex.split(part.strip())
+            while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                words = words[1:]  # an environment variable for the command
+            if words and words[0] in ("python", "python3", "bash", "torchrun", "accelerate") or \
+                    (words and words[0].endswith("/python")):
+                found.append(words)
+    return found
+
+
+def _check(words: list[str], entry_points: dict) -> str | None:
+    """None when the command names a file or module that exists and, for the project's scripts,
+    flags their parsers accept; else what is wrong."""
+    from infra.cli import build_parser
+
+    args = words[1:]
+    if words[0] in ("torchrun", "accelerate"):
+        args = [a for a in args if a.endswith(".py")][:1] + args[[i for i, a in enumerate(args) if a.endswith(".py")][0] + 1:] \
+            if any(a.endswith(".py") for a in args) else []
+        if not args:
+            return "no script"
+    elif words[0] == "bash":
+        return None if (ROOT / args[0]).is_file() else f"{args[0]} does not exist"
+    if args and args[0] == "-m":
+        target, rest = args[1], args[2:]
+        if target == "pytest":
+            paths = [a for a in rest if not a.startswith("-")]
+            return None if all((ROOT / p).exists() for p in paths) else f"pytest path missing in {rest}"
+        if not (ROOT / (target.replace(".", "/") + ".py")).is_file():
+            return f"module {target} does not exist"
+    else:
+        target, rest = args[0], args[1:]
+        if not (ROOT / target).is_file():
+            return f"{target} does not exist"
+    cls = entry_points.get(target)
+    if cls is None:
+        return None
+    if target == "tools.compare" and "--" in rest:
+        rest, train_flags = rest[: rest.index("--")], rest[rest.index("--") + 1 :]
+        if _check(["python", "train.py", *train_flags], entry_points):
+            return f"train flags after --: {train_flags}"
+    try:
+        build_parser(cls).parse_args([a for a in rest if a not in ("--help", "-h")])
+    except SystemExit:
+        return f"{target} rejects {rest}"
+    return None
+
+
+def test_every_command_in_readme_and_docs_runs_as_written(capsys):
+    """Each command line in README.md and docs/*.md names a script, module or file that exists, and
+    the project's own scripts accept its flags (their parsers run on the words as written)."""
+    entry_points = _entry_points()
+    problems, seen = [], 0
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for words in _commands(path.read_text()):
+            seen += 1
+            why = _check(words, entry_points)
+            if why:
+                problems.append(f"{path.name}: {' '.join(words)} -> {why}")
+    capsys.readouterr()
+    assert seen >= 15 and not problems, problems
