@@ -212,7 +212,7 @@ def load_policy(
 
     Returns (peft model, tokenizer). The adapter is trainable; `model.disable_adapter()`
     gives the reference model without a second copy. init_adapter: a LoRA adapter (e.g. the
-    warm start of warmstart.py) merged into the base weights first, so that the base, and
+    warm start of tools/warmstart.py) merged into the base weights first, so that the base, and
     with it the reference model, is the warm-started policy.
     """
     name = name or default_model_name()

@@ -41,7 +41,7 @@ class Step:
     action: str | None  # the parsed action, None when the response was an invalid action
     reward: float  # step reward from the env (10 * won and -0.1 for an invalid action included)
     anchor: str = ""  # the env state it acted from: the observation of the last reset or valid action (GiGPO)
-    expert_action: str | None = None  # what the env's expert would have done from that state (credit.py's labels)
+    expert_action: str | None = None  # what the env's expert would have done from that state (tools/credit.py's second label)
 
 
 @dataclass

@@ -67,6 +67,8 @@ def _load_json_object(path: Path) -> dict:
         value = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be env data") from None
     if not isinstance(value, dict):
         raise DataError(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value

@@ -60,7 +60,7 @@ GAMES = [
     dict(split="valid_unseen", task_type="look_at_obj_in_light", obj="AlarmClock", toggle="DeskLamp",
          room=[("Desk", ["AlarmClock", "DeskLamp"]), ("Shelf", ["Book"])]),
     # valid_seen: our own held-out games (the same object and receptacle classes as train, other
-    # rooms and targets), for measurements on games the warm start never saw (credit.py, warmstart.py --check)
+    # rooms and targets), for measurements on games the warm start never saw (tools/credit.py, tools/warmstart.py --check)
     dict(split="valid_seen", task_type="pick_and_place_simple", obj="Pen", parent="Drawer",
          room=[("Desk", ["Pen", "Pencil"]), ("Drawer", []), ("Shelf", ["Book"])]),
     dict(split="valid_seen", task_type="pick_and_place_simple", obj="Cup", parent="CounterTop",

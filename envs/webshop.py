@@ -65,6 +65,8 @@ def _read_json(path: Path, what: str):
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to be env data") from None
 
 
 def _find(root: Path, pattern: str, what: str) -> Path:

@@ -222,6 +222,10 @@ class RunFolder:
 
     def check(self, resuming: bool) -> None:
         check_latest(self.path)  # a `latest` that is no pointer into this run: stop before any work, not after
+        folder = self.path / CHECKPOINTS
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise UserError(f"{folder} is not a folder (train.py keeps the run's checkpoints there): "
+                            "move it out of the run folder")
         if not resuming and run_checkpoints(self.path):
             raise UserError(f"{self.path} already holds a run; continue it with `python train.py --resume {self.path}`, "
                             "or choose another --output-dir")

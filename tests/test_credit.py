@@ -1,4 +1,4 @@
-"""credit.py and compare.py: labels, ROC AUC with ties, bootstrap, each method's weight, the
+"""tools/credit.py and tools/compare.py: labels, ROC AUC with ties, the game bootstrap and paired differences,
 seed statistics; checked on values small enough to work out by hand."""
 import json
 import math

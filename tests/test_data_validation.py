@@ -39,6 +39,7 @@ def _first_game(root: Path) -> Path:
     (lambda g: _edit(g / "game.tw-pddl", pddl_problem="(define (problem p) (:goal (and)"), "balance its parentheses"),
     (lambda g: _edit(g / "game.tw-pddl", grammar="}{ garbage"), "'grammar' is not a grammar"),
     (lambda g: _edit(g / "game.tw-pddl", walkthrough=["dance"]), "'dance' is no ALFWorld command"),
+    (lambda g: (g / "traj_data.json").write_text("[" * 100_000 + "]" * 100_000), "nested too deeply"),
 ])
 def test_corrupt_alfworld_games_are_one_error_naming_file_and_field(tmp_path, corrupt, needle):
     root = _copy_alfworld(tmp_path)
@@ -64,6 +65,15 @@ def _edit_first(path: Path, fn):
     data = json.loads(path.read_text())
     fn(data)
     path.write_text(json.dumps(data))
+
+
+def test_webshop_json_nested_too_deeply_is_one_error(tmp_path):
+    root = _copy_webshop(tmp_path)
+    path = sorted(root.glob("items_shuffle*.json"))[0]
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match="nested too deeply") as err:
+        WebShopEnv(data_dir=root)
+    assert path.name in str(err.value)
 
 
 @pytest.mark.parametrize("file, fn, needle", [

@@ -1,4 +1,4 @@
-"""plots.py turns a run folder into the segment view (HTML, PNG) and the learning curves."""
+"""tools/plots.py turns a run folder into the segment view (HTML, PNG) and the learning curves."""
 import html as html_lib
 import json
 

@@ -68,6 +68,14 @@ def test_latest_must_point_into_its_own_run(run2, tmp_path):
     assert checkpoint.read_iteration(checkpoint.find_checkpoint(run2)) == 2  # nothing was written
 
 
+def test_a_checkpoints_entry_that_is_no_folder_stops_before_any_work(run2):
+    """`checkpoints` replaced by a file: resume says so in one line before anything loads."""
+    shutil.rmtree(run2 / "checkpoints")
+    (run2 / "checkpoints").write_text("not a folder")
+    with pytest.raises(UserError, match="is not a folder"):
+        tiny_train(train.parse_args(["--resume", str(run2), "--iterations", "3"]))
+
+
 def test_a_run_killed_before_its_first_checkpoint_goes_on(tmp_path, capsys):
     """config.json and a metrics line, no checkpoint (a kill in iteration 1): --resume starts it
     from iteration 1 with its saved flags, and a plain restart starts it afresh; either way one
