@@ -42,18 +42,8 @@ from infra.checkpoint import RunFolder, find_checkpoint, restore_training_state,
 from infra.cli import run
 from infra.distributed import DataParallel
 from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs
-from segments import (
-    EXPERT_HEADLINE,
-    Row,
-    Trajectory,
-    action_masks,
-    build_row,
-    build_teacher_row,
-    collate_rows,
-    format_plan,
-    response_segment_ids,
-    sibling_hindsight,
-)
+from segments import (EXPERT_HEADLINE, Row, Trajectory, action_masks, build_row, build_teacher_row,  # isort: skip
+                      collate_rows, format_plan, response_segment_ids, sibling_hindsight)
 
 
 @dataclass

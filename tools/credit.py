@@ -424,7 +424,8 @@ def roc_png(data: dict, path: Path) -> None:
                             (axes[1], "credit", "won episodes: credit vs agreement (planner label)")):
         idx = [b for b in range(len(won)) if (won[b] == (part == "credit")) and data["label"][b] is not None]
         positives = [(not data["label"][b]) if part == "blame" else data["label"][b] for b in idx]
-        for c, (kind, name) in enumerate(SCORE_ROWS[:7] + [("no teacher", "surprise")]):
+        shown = SCORE_ROWS[:6] + [("no teacher", "surprise"), ("no teacher", "not_in_plan")]
+        for c, (kind, name) in enumerate(shown):
             fpr, tpr = roc_curve([data["scores"][name][b] for b in idx], positives)
             ax.plot(fpr, tpr, "-" if kind == "method" else ":" if kind == "placebo" else "--", color=f"C{c}",
                     label=f"{kind}: {name}")
