@@ -238,6 +238,16 @@ ALGORITHMS = {
 }
 
 
+def moving_rows(algo: str, adv: torch.Tensor, step_adv: torch.Tensor | None = None, omega: float = 1.0) -> torch.Tensor:
+    """(B,) bool: the rows whose Ahat can differ from 0, known from the rewards alone (section 4).
+
+    Ahat = A_i * ((1 - lam) + lam * m) with m > 0 is exactly 0 when A_i = 0, whatever the teacher
+    says; GiGPO's Ahat is A_i + omega * A_step. The policy-gradient term of any other row is 0."""
+    if ALGORITHMS[algo].step_groups:
+        return (adv + omega * step_adv) != 0
+    return adv != 0
+
+
 @dataclass
 class Credit:
     """What credit_assignment gives, for B rows of one segment each."""

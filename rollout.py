@@ -354,15 +354,18 @@ def response_logprobs(
 
 
 def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
-                  desc: str = "log-probs") -> torch.Tensor:
-    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T)."""
+                  desc: str = "log-probs", only: torch.Tensor | None = None) -> torch.Tensor:
+    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T).
+    only (B,) bool: compute just those rows; the others stay 0."""
     device = model.get_input_embeddings().weight.device
     out = torch.zeros(len(rows), T)
+    picked = [b for b in range(len(rows)) if only is None or only[b]]
     with torch.no_grad():
-        for s in tqdm(range(0, len(rows), micro_batch_rows), desc=desc, unit="batch", leave=False):
-            batch = {k: v.to(device) for k, v in collate_rows(rows[s : s + micro_batch_rows], pad_id).items()}
+        for s in tqdm(range(0, len(picked), micro_batch_rows), desc=desc, unit="batch", leave=False):
+            part = picked[s : s + micro_batch_rows]
+            batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], pad_id).items()}
             logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
-            out[s : s + logp.shape[0], : logp.shape[1]] = logp
+            out[part, : logp.shape[1]] = logp
     return out
 
 

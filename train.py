@@ -4,11 +4,13 @@ Each iteration (METHOD.md; the numbers are the stages below):
   1. rollout    G rollouts of each of --groups tasks, one batched generate per turn
   2. segments   one training row per step (context c_k, response a_k = one segment);
                 the hindsight teacher's rows (--hindsight sibling | expert)
-  3. teacher    log-probs of the sampled tokens: student (recomputed, before the update),
-                teacher (same policy, hindsight context), reference (adapter off, for the KL)
-  4. advantage  A_i = GRPO over each group; Ahat = A_i * ((1 - lam) + lam * m_{i,k})
-  5. update     PPO-clip on Ahat, --minibatches optimizer steps x --ppo-epochs, token-mean
-  6. log / checkpoint / eval
+  3. advantage  A_i = GRPO over each group, from the rewards alone: the direction
+  4. teacher    log-probs of the sampled tokens: student (recomputed, before the update), teacher
+                (same policy, hindsight context), reference (adapter off, for the KL); only for
+                rows whose Ahat can be != 0 (and, with a KL or SDAR term, the rows it reads)
+  5. credit     Ahat = A_i * ((1 - lam) + lam * m_{i,k}): the teacher sets the size
+  6. update     PPO-clip on Ahat, --minibatches optimizer steps x --ppo-epochs, token-mean
+  7. log / checkpoint / eval
 
 --algo picks the credit assignment, all in the same code (the table advantage.ALGORITHMS):
 sharpo, grpo (lam = 0), rlsd (per-token multiplier), stepopsd (2 * sigmoid), sdar (GRPO's
@@ -34,7 +36,7 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from advantage import ALGORITHMS, credit_assignment, gigpo_step_advantages, grpo_advantages, policy_loss
+from advantage import ALGORITHMS, credit_assignment, gigpo_step_advantages, grpo_advantages, moving_rows, policy_loss
 from envs import draw_tasks, history_length, make_env, resolve_workers, training_tasks
 from eval import greedy_evaluation
 from infra import config, metrics
@@ -111,7 +113,7 @@ class RowBatch:
     trajs: list[Trajectory]  # the rollouts, in group order
     steps: list  # (trajectory index, Step) per row
     rows: list[Row]  # student rows: prompt ids + response ids
-    teacher_rows: list[Row]  # the hindsight rows, for the rows of trajectories with hindsight
+    teacher_rows: list[Row | None]  # each row with the hindsight block (None: its trajectory has none)
     segment_ids: torch.Tensor  # (B, T) long: 0 on response tokens, -1 on padding
     gap_mask: torch.Tensor | None  # (B, T) bool: tokens counted in the gap (None = all)
     has_hindsight: torch.Tensor  # (B,) bool
@@ -119,6 +121,10 @@ class RowBatch:
     logp_teacher: torch.Tensor | None = None  # (B, T) teacher log-probs (= logp_student without hindsight)
     logp_ref: torch.Tensor | None = None  # (B, T) reference log-probs (adapter off), when kl_coef > 0
     adv_row: torch.Tensor | None = None  # (B,) A_i of each row's trajectory
+    moves: torch.Tensor | None = None  # (B,) bool: Ahat can be != 0 (A_i != 0; GiGPO: A_i + omega A_step != 0)
+    in_loss: torch.Tensor | None = None  # (B,) bool: rows the loss reads (moves; every row with KL or SDAR)
+    taught: torch.Tensor | None = None  # (B,) bool: rows whose teacher log-probs are needed
+    skipped: dict | None = None  # rows each pass left out, by pass
     token_adv: torch.Tensor | None = None  # (B, T) Ahat
     gaps: torch.Tensor | None = None  # (B,) segment gap g
     mults: torch.Tensor | None = None  # (B,) segment multiplier m
@@ -129,6 +135,8 @@ class RowBatch:
 
 class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
+
+    skip_rows = True  # leave out the rows whose work would add zeros (False: tests and bench, same result)
 
     def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None, dist: DataParallel | None = None):
         self.dist = dist or DataParallel()  # [distributed] world 1 in a plain run
@@ -159,12 +167,13 @@ class Trainer:
             trajs, policy = self.rollout(it)  # 1. rollout
         with watch("segments"):
             batch = self.make_rows(trajs)  # 2. segments
-        self.score(batch, watch)  # 3. teacher (and the student's and reference's log-probs)
-        self.advantages(batch)  # 4. advantage
+        self.advantages(batch)  # 3. advantage
+        self.score(batch, watch)  # 4. teacher (and the student's and reference's log-probs)
+        self.credit(batch)  # 5. credit
         with watch("update"):
-            update = self.update(batch)  # 5. update
+            update = self.update(batch)  # 6. update
         self.iteration_done = it
-        return (metrics.iteration_metrics(self, batch, policy, update, watch),  # 6. log (the caller writes it)
+        return (metrics.iteration_metrics(self, batch, policy, update, watch),  # 7. log (the caller writes it)
                 metrics.sample_records(batch, self.tokenizer, self.args.samples_per_iter, it))
 
     # 1. rollout: G copies of each sampled task, every live episode in one generate per turn
@@ -188,33 +197,14 @@ class Trainer:
         for row, (_, s) in zip(rows, steps):  # the trained ids are exactly the fed and sampled ids
             assert row.input_ids == s.prompt_ids + s.response_ids
         teacher_rows = [build_teacher_row(self.tokenizer, s.messages, s.response_ids, trajs[i].hindsight)
-                        for i, s in steps if trajs[i].hindsight is not None]
+                        if trajs[i].hindsight is not None else None for i, s in steps]
         T = max(len(r.response_ids) for r in rows)
         seg = response_segment_ids(torch.tensor([len(r.response_ids) for r in rows]), T)  # (B, T) 0 or -1
         gap_mask = action_masks(self.tokenizer, rows, T) if self.args.gap_tokens == "action" else None  # (B, T)
         has_hindsight = torch.tensor([trajs[i].hindsight is not None for i, _ in steps])  # (B,)
         return RowBatch(trajs, steps, rows, teacher_rows, seg, gap_mask, has_hindsight)
 
-    # 3. teacher: student (before the update), teacher (hindsight rows) and reference log-probs
-    def score(self, batch: RowBatch, watch=None) -> None:
-        """Fill logp_student, logp_teacher and logp_ref (grpo and gigpo need no teacher pass)."""
-        args, mb, T = self.args, self.args.micro_batch_rows, batch.segment_ids.shape[1]
-        it, watch = self.iteration_done + 1, watch or metrics.Stopwatch()  # [run]
-        self.model.eval()
-        with watch("student"):
-            batch.logp_student = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
-                                               desc=f"iter {it} student")  # (B, T)
-        batch.logp_teacher = batch.logp_student.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
-        if batch.teacher_rows and self.algo.teacher:
-            with watch("teacher"):
-                batch.logp_teacher[batch.has_hindsight] = rows_logprobs(
-                    self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T, desc=f"iter {it} teacher")
-        if args.kl_coef > 0:
-            with watch("reference"), self.model.disable_adapter():  # the reference: base weights, no second copy
-                batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
-                                               desc=f"iter {it} reference")  # (B, T)
-
-    # 4. advantage: A_i over each group, then the per-token Ahat of --algo
+    # 3. advantage: A_i over each group, from the rewards alone; which rows that leaves anything to do
     def advantages(self, batch: RowBatch) -> None:
         args = self.args
         rewards, groups = torch.tensor([t.reward for t in batch.trajs]), torch.tensor([t.group for t in batch.trajs])  # (N,)
@@ -225,16 +215,48 @@ class Trainer:
                 torch.tensor([s.reward for _, s in batch.steps]), torch.tensor([i for i, _ in batch.steps]),
                 [batch.trajs[i].group for i, _ in batch.steps], [s.anchor for _, s in batch.steps],
                 args.gigpo_gamma, norm_by_std=args.gigpo_norm == "std")  # (B,), (B,)
+        batch.moves = moving_rows(args.algo, batch.adv_row, batch.step_adv, args.gigpo_omega)  # (B,)
+        batch.in_loss = batch.moves | (args.kl_coef > 0 or self.algo.sdar)  # KL and SDAR act on rows with Ahat = 0 too
+        batch.taught = batch.has_hindsight & (batch.in_loss if self.algo.sdar else batch.moves) & self.algo.teacher
+
+    # 4. teacher: student (before the update), teacher (hindsight rows) and reference log-probs, where needed
+    def score(self, batch: RowBatch, watch=None) -> None:
+        """Fill logp_student (the rows the loss reads), logp_teacher (the taught rows; = logp_student
+        elsewhere) and logp_ref (kl_coef > 0); rows left out hold 0 and are never read."""
+        args, mb, T = self.args, self.args.micro_batch_rows, batch.segment_ids.shape[1]
+        it, watch = self.iteration_done + 1, watch or metrics.Stopwatch()  # [run]
+        student = batch.in_loss if self.skip_rows else torch.ones_like(batch.in_loss)  # (B,) without skipping: all
+        taught = batch.taught if self.skip_rows else batch.has_hindsight & self.algo.teacher  # (B,)
+        self.model.eval()
+        with watch("student"):
+            batch.logp_student = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
+                                               desc=f"iter {it} student", only=student)  # (B, T)
+        batch.logp_teacher = batch.logp_student.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
+        if taught.any():
+            with watch("teacher"):
+                batch.logp_teacher[taught] = rows_logprobs(self.model, batch.teacher_rows, self.pad_id, mb, args.temperature,
+                                                           T, desc=f"iter {it} teacher", only=taught)[taught]
+        if args.kl_coef > 0:
+            with watch("reference"), self.model.disable_adapter():  # the reference: base weights, no second copy
+                batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
+                                               desc=f"iter {it} reference", only=student)  # (B, T)
+        batch.skipped = {"student": int((~student).sum()), "teacher": int((batch.has_hindsight & ~taught).sum())
+                         * self.algo.teacher}  # rows each pass left out (the update leaves out the student's)
+
+    # 5. credit: the per-token Ahat of --algo, from A_i and the teacher's gap
+    def credit(self, batch: RowBatch) -> None:
+        args = self.args
         credit = credit_assignment(args.algo, batch.adv_row, batch.logp_teacher, batch.logp_student, batch.segment_ids,
                                    lam=args.lam, mult_eps=args.mult_eps, gap_mask=batch.gap_mask,
                                    step_adv=batch.step_adv, omega=args.gigpo_omega)  # METHOD.md section 4
         batch.token_adv, batch.gaps, batch.mults, batch.token_mults = \
             credit.token_adv, credit.gaps, credit.mults, credit.token_mults
 
-    # 5. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
+    # 6. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean
     def update(self, batch: RowBatch) -> dict:
         """--ppo-epochs passes of --minibatches optimizer steps; micro-batches accumulate."""
-        args, rows, trained = self.args, batch.rows, batch.segment_ids >= 0  # (B, T) trained tokens
+        args, rows, tokens = self.args, batch.rows, batch.segment_ids >= 0  # (B, T) response tokens
+        trained = tokens & batch.in_loss[:, None]  # (B, T) the tokens the loss reads
         self.model.train()
         device = self.model.get_input_embeddings().weight.device
         sdar_coef = args.sdar_coef if self.algo.sdar else 0.0
@@ -249,15 +271,16 @@ class Trainer:
             if m == 0:  # a new epoch: a new order of the rows
                 perm = torch.randperm(B, generator=order_rng).tolist()
             idx = perm[m * B // args.minibatches : (m + 1) * B // args.minibatches]
-            # the minibatch's trained tokens (over all processes): the token-mean denominator
-            n_tokens = int(self.dist.sum(int(trained[idx].sum()) if idx else 0))
+            # the minibatch's response tokens (over all processes, skipped rows too): the token-mean denominator
+            n_tokens = int(self.dist.sum(int(tokens[idx].sum()) if idx else 0))
             n_sdar = int(self.dist.sum(int(sdar_mask[idx].sum()) if idx else 0))  # the SDAR term's own denominator
             if n_tokens == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
             finite, mb_stats = True, dict.fromkeys(stat_keys, 0.0)
-            for s in range(0, len(idx), args.micro_batch_rows):
-                part = idx[s : s + args.micro_batch_rows]
+            run_idx = [i for i in idx if batch.in_loss[i] or not self.skip_rows]  # membership as without skipping
+            for s in range(0, len(run_idx), args.micro_batch_rows):
+                part = run_idx[s : s + args.micro_batch_rows]
                 micro = {k: v.to(device) for k, v in collate_rows([rows[i] for i in part], self.pad_id).items()}
                 logp_new = response_logprobs(self.model, micro, temperature=args.temperature).float()  # (b, t)
                 sel = lambda x: None if x is None else x[part, : logp_new.shape[1]].to(device)  # noqa: E731
@@ -273,6 +296,8 @@ class Trainer:
                 loss.backward()
                 for k, v in stats.items():
                     mb_stats[k] += float(v)  # each is already divided by the minibatch count: sums add up
+            for p in self.params:  # a minibatch of skipped rows still steps: Adam's momentum moves the weights
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad
             finite = self.dist.sum(0.0 if finite else 1.0) == 0  # [distributed] skip together
             if finite:
                 self.dist.sum_grads(self.params)  # [distributed] sum of per-process token-mean pieces

@@ -52,6 +52,9 @@ def iteration_metrics(trainer, batch, policy, update: dict, watch: Stopwatch) ->
         out.update(gigpo_metrics(batch, dist.gather))
     out.update(update)
     out["rows"] = int(dist.sum(len(batch.rows)))
+    out["skipped/student"] = int(dist.sum(batch.skipped["student"]))  # the same rows sit out the update
+    if ALGORITHMS[args.algo].teacher:
+        out["skipped/teacher"] = int(dist.sum(batch.skipped["teacher"]))
     out["env_crashes"] = int(dist.sum(watch.crashes()))
     out["tokens_generated"] = int(dist.sum(policy.tokens_generated))
     out["tokens_per_s_generate"] = out["tokens_generated"] / max(seconds["rollout"], 1e-9)
@@ -79,13 +82,14 @@ def _same(items: list) -> list:
 def teacher_metrics(batch, algo: str, eps: float, gather=_same) -> dict:
     """What the teacher found and what --algo applied of it.
 
-    gap_mean, gap_abs_mean: the segment gap g over rows with hindsight (every teacher algo).
+    gap_mean, gap_abs_mean: the segment gap g over the rows the teacher scores (hindsight and
+    A != 0; sdar: every row with hindsight).
     mult_mean, mult_std, mult_at_bound: the multiplier the algorithm really applies, over the
     units it applies it to, where it can differ from 1 (hindsight and A != 0): segments for
     sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none.
     gather: combines the values of every process ([distributed]; the identity in a plain run)."""
-    hind, adv = batch.has_hindsight, batch.adv_row  # (B,), (B,)
-    sel = hind & (adv != 0)  # (B,) rows whose multiplier can differ from 1
+    hind = batch.has_hindsight  # (B,)
+    sel = hind & (batch.adv_row != 0)  # (B,) rows whose multiplier can differ from 1
     spec = ALGORITHMS[algo]
     if spec.mixes and spec.granularity == "segment":  # sharpo, stepopsd
         m = batch.mults[sel]  # (n,) one per segment
@@ -94,7 +98,7 @@ def teacher_metrics(batch, algo: str, eps: float, gather=_same) -> dict:
     else:  # grpo, sdar, gigpo scale no advantage
         m = torch.zeros(0)
     hind_all = torch.tensor(gather(hind.tolist()), dtype=torch.bool)  # (B_all,)
-    g = torch.tensor(gather(batch.gaps[hind].tolist()))  # (n_hind,)
+    g = torch.tensor(gather(batch.gaps[batch.taught].tolist()))  # (n_taught,)
     m = torch.tensor(gather(m.tolist()))  # (n,)
     out = {"hindsight_share": float(hind_all.float().mean()), "segments_scored": sum(gather([int(sel.sum())]))}
     if g.numel():
@@ -125,7 +129,8 @@ def peak_memory_gb() -> float:
 
 
 def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
-    """A few trajectories (those with hindsight first) with each segment's gap and multiplier."""
+    """A few trajectories (those with hindsight first) with each segment's gap and multiplier
+    (null where the teacher did not score the row: its Ahat is 0)."""
     trajs, steps = batch.trajs, batch.steps
     delta = batch.logp_teacher - batch.logp_student  # (B, T) per-token teacher - student gap
     picked = sorted(range(len(trajs)), key=lambda i: (trajs[i].hindsight is None, i))[:k]
@@ -135,13 +140,14 @@ def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
         segs = []
         for b in mine:
             s, n = steps[b][1], len(batch.rows[b].response_ids)
+            scored = bool(batch.taught[b] or not batch.has_hindsight[b])
             segs.append({
                 "observation": s.messages[-1]["content"].split("Current observation: ")[-1].split("\nAdmissible")[0],
                 "response": s.response_text, "action": s.action, "reward": s.reward,
-                "gap": float(batch.gaps[b]), "multiplier": float(batch.mults[b]),
+                "gap": float(batch.gaps[b]) if scored else None, "multiplier": float(batch.mults[b]) if scored else None,
                 **({"step_advantage": float(batch.step_adv[b])} if batch.step_adv is not None else {}),
                 "tokens": [tokenizer.decode([t]) for t in batch.rows[b].response_ids],
-                "token_delta": [round(float(x), 4) for x in delta[b, :n]],
+                "token_delta": [round(float(x), 4) for x in delta[b, :n]] if scored else None,
             })
         traj = trajs[i]
         records.append({"iteration": it, "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,

@@ -24,8 +24,9 @@ before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if 
 trajs, _ = trainer.rollout(1)
 everyone = trainer.dist.gather(trajs)
 batch = trainer.make_rows(trajs)
-trainer.score(batch)
 trainer.advantages(batch)
+trainer.score(batch)
+trainer.credit(batch)
 stats = trainer.update(batch)
 after = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
 first_moment = [trainer.optimizer.state[p]["exp_avg"].clone() for p in trainer.params]  # (1 - beta1) * gradient

@@ -202,11 +202,14 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
     trajs, _ = trainer.rollout(1)
     batch = trainer.make_rows(trajs)
+    trainer.advantages(batch)
+    batch.adv_row = torch.where(batch.adv_row == 0, torch.ones_like(batch.adv_row), batch.adv_row)
+    batch.moves = batch.in_loss = torch.ones_like(batch.has_hindsight)  # every row carries credit
+    batch.taught = batch.has_hindsight & ALGORITHMS[algo].teacher  # so the teacher scores every hindsight row
     trainer.score(batch)
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
         batch.logp_teacher = batch.logp_teacher + torch.linspace(-0.5, 0.5, batch.logp_teacher.shape[1])
-    trainer.advantages(batch)
-    batch.adv_row = torch.where(batch.adv_row == 0, torch.ones_like(batch.adv_row), batch.adv_row)
+    trainer.credit(batch)
     m = metrics.teacher_metrics(batch, algo, args.mult_eps)
     sel = batch.has_hindsight & (batch.adv_row != 0)
     if algo == "sharpo":

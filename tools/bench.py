@@ -1,10 +1,14 @@
-"""Benchmark: seconds per training stage, generated tokens/s, and the SHARPO / GRPO time ratio.
+"""Benchmark: seconds per training stage, generated tokens/s, the SHARPO / GRPO time ratio, and
+what skipping the rows whose Ahat is 0 saves.
 
-A synthetic environment (fixed observations of a set length, a random reward per episode so
-groups have spread) and forced response lengths (min_new_tokens = max_new_tokens) make the
-work per iteration the same for every algorithm; the env packages are not imported, so it
-also runs on a GPU machine without alfworld. Per algorithm: one warm-up iteration, then one
-timed iteration; the ratio compares the timed iterations of one run.
+A synthetic environment (fixed observations of a set length; in --tied-groups of the groups
+every episode gets reward 0, in the others the rewards alternate 10, 0, so they have spread)
+and forced response lengths (min_new_tokens = max_new_tokens) make the work per iteration the
+same for every algorithm; the env packages are not imported, so it also runs on a GPU machine
+without alfworld. One warm-up iteration, then one timed iteration per algorithm, with skipping
+(train.py's way) and without it (every row scored and in the update, the same result); the
+ratios compare timed iterations of one run. The default --kl-coef 0 is the CPU demo's: with a
+KL term every row stays in the update and only the teacher pass skips rows.
 
 Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
 in 4-bit nf4 on CUDA, built from its config with no download; timings do not depend on the weights' values).
@@ -14,16 +18,18 @@ in 4-bit nf4 on CUDA, built from its config with no download; timings do not dep
 processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
 
 Run: python -m tools.bench --model tiny
+     python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
      python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
      python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
 """
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import dataclass
 
+import infra  # noqa: F401  first: its __init__ quiets two third-party notices before peft loads bitsandbytes
+# isort: split
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -47,7 +53,8 @@ class BenchArgs:
     new_tokens: int = 32  # forced response length per turn
     obs_words: int = 200  # words per observation (sets the context length)
     micro_batch_rows: int = 4  # rows per forward/backward
-    kl_coef: float = 0.01  # KL coefficient (0 skips the reference pass)
+    kl_coef: float = 0.0  # KL coefficient (0, the CPU demo's, skips the reference pass)
+    tied_groups: float = 0.5  # share of groups whose rewards all tie (A_i = 0: rows that can be skipped)
     env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
@@ -55,14 +62,14 @@ class BenchArgs:
 
 
 class SyntheticEnv:
-    """Fixed-length observations; every episode lasts `max_steps`; reward drawn per episode."""
+    """Fixed-length observations; every episode lasts `max_steps`; the first `tied` share of the
+    groups of each batch all get reward 0, the others 10, 0, 10, 0, ... (spread)."""
 
     name = "synthetic"
     default_eval_split = "test"
 
-    def __init__(self, max_steps: int, obs_words: int, seed: int = 0):
-        self.max_steps, self.obs_words = max_steps, obs_words
-        self.rng = random.Random(seed)
+    def __init__(self, max_steps: int, obs_words: int, group_size: int = 4, tied: float = 0.5):
+        self.max_steps, self.obs_words, self.group_size, self.tied = max_steps, obs_words, group_size, tied
         self.seconds = {"reset": 0.0, "step": 0.0}
         self.counts = {"reset": 0, "step": 0}
 
@@ -84,7 +91,9 @@ class SyntheticEnv:
 
     def reset(self, task_ids):
         self.steps = [0] * len(task_ids)
-        self.final = [self.rng.choice([0.0, 10.0]) for _ in task_ids]
+        groups = len(task_ids) // self.group_size
+        tied = round(self.tied * groups)  # groups 0 .. tied-1 tie
+        self.final = [0.0 if k // self.group_size < tied else 10.0 * (k % 2 == 0) for k in range(len(task_ids))]
         return [EnvStep(self._obs(0), ["look"], 0.0, False, False, False, "put a mug in coffeemachine", "synthetic", None)
                 for _ in task_ids]
 
@@ -166,6 +175,21 @@ def bench_env(args: BenchArgs) -> dict:
     return {"workers": n, "results": results, "ratio": ratio}
 
 
+def timed_iteration(trainer) -> dict:
+    """One timed training iteration: its seconds per stage, tokens, memory and skipped rows."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    clock = time.perf_counter()
+    metrics, _ = trainer.iteration()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    metrics["seconds/iteration"] = time.perf_counter() - clock
+    out = {k: v for k, v in metrics.items() if k.startswith(("seconds/", "tokens", "peak", "rows"))}
+    out["skipped"] = f"{metrics['skipped/student']}/{metrics.get('skipped/teacher', '-')} of {metrics['rows']}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
     if args.env == "alfworld":
@@ -184,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         model, tokenizer = load_policy(args.model, lora_r=8, lora_alpha=16)
     groups = max(1, args.episodes // args.group_size)
-    results = {}
+    results, warm = {}, False
     for algo in algos:
         flags = dict(preset="none", model=args.model, algo=algo, groups=groups, group_size=args.group_size,
                      max_steps=args.steps, max_new_tokens=args.new_tokens,
@@ -192,28 +216,31 @@ def main(argv: list[str] | None = None) -> dict:
                      eval_every=0, iterations=2, output_dir="/tmp/sharpo-bench")
         targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
         targs.min_new_tokens = args.new_tokens  # forced lengths: fine for timing, refused by train.py's flags
-        trainer = train.Trainer(targs, model=model, tokenizer=tokenizer, env=SyntheticEnv(args.steps, args.obs_words))
-        trainer.iteration()  # warm-up
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        clock = time.perf_counter()
-        metrics, _ = trainer.iteration()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        metrics["seconds/iteration"] = time.perf_counter() - clock
-        results[algo] = {k: v for k, v in metrics.items() if k.startswith(("seconds/", "tokens", "peak", "rows"))}
+        trainer = train.Trainer(targs, model=model, tokenizer=tokenizer,
+                                env=SyntheticEnv(args.steps, args.obs_words, args.group_size, args.tied_groups))
+        if not warm:
+            trainer.iteration()  # warm-up
+            warm = True
+        for skip in (True, False):
+            trainer.skip_rows = skip
+            results[algo if skip else f"{algo} (no skipping)"] = timed_iteration(trainer)
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
-          f"~{args.obs_words}-word observations")
+          f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}")
     stages = ["rollout", "segments", "student", "teacher", "reference", "update", "iteration"]
-    print(f"  {'algo':10s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}{'peak GB':>9s}")
+    print(f"  {'algo':22s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}{'peak GB':>9s}"
+          + f"{'skipped rows':>14s}")
     for algo, r in results.items():
-        print(f"  {algo:10s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)
-              + f"{r['tokens_per_s_generate']:11.1f}{r['peak_memory_gb']:9.2f}")
+        print(f"  {algo:22s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)
+              + f"{r['tokens_per_s_generate']:11.1f}{r['peak_memory_gb']:9.2f}{r['skipped']:>14s}")
+    for algo in algos:
+        ratio = results[algo]["seconds/iteration"] / results[f"{algo} (no skipping)"]["seconds/iteration"]
+        results[f"{algo}_skip_over_no_skip_time"] = ratio
+        print(f"  {algo}: with skipping / without: {ratio:.2f}x")
     if "sharpo" in results and "grpo" in results:
-        ratio = results["sharpo"]["seconds/iteration"] / results["grpo"]["seconds/iteration"]
-        results["sharpo_over_grpo_time"] = ratio
-        print(f"  SHARPO / GRPO iteration time: {ratio:.2f}x (the teacher pass is the difference)")
+        for mode in ("", " (no skipping)"):
+            ratio = results["sharpo" + mode]["seconds/iteration"] / results["grpo" + mode]["seconds/iteration"]
+            results["sharpo_over_grpo_time" + mode.replace(" (no skipping)", "_no_skipping")] = ratio
+            print(f"  SHARPO / GRPO iteration time{mode}: {ratio:.2f}x (the teacher pass is the difference)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,123 @@
+"""Compute only where credit flows: a row whose Ahat is 0 gets no teacher pass, and, when no KL
+or SDAR term reads it, no student pass and no place in the update. That must change no result
+(train.py stages 3-6; METHOD.md section 4)."""
+import pytest
+import torch
+
+import train
+from advantage import ALGORITHMS
+from infra import metrics
+from rollout import load_policy
+from stub_env import StubEnv
+from tiny_runs import flags
+
+torch.set_num_threads(1)
+
+# three groups of four: groups 0 and 2 tie (every A_i = 0), group 1 has spread
+REWARDS = [0.0] * 4 + [10.0, 0.0, 0.0, 10.0] + [0.0] * 4
+
+
+def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None):
+    """One iteration's stages 2-6 on the tiny model, from the same start; returns what they made."""
+    args = train.parse_args(flags(
+        model="tiny", preset="none", algo=algo, groups=3, group_size=4, max_steps=2, max_new_tokens=8, lr=1e-2,
+        lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", kl_coef=kl, seed=5, micro_batch_rows=2,
+        minibatches=64, ppo_epochs=2,  # one row a minibatch: some minibatches hold only skipped rows
+        output_dir=str(tmp_path / "run")))
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    trainer.skip_rows = skip
+    if trajs is None:
+        trajs, _ = trainer.rollout(1)
+        for traj, reward in zip(trajs, REWARDS):  # set the outcomes, so the test knows which groups tie
+            for s in traj.steps:
+                s.reward = 0.0
+            traj.steps[-1].reward = reward
+    batch = trainer.make_rows(trajs)
+    trainer.advantages(batch)
+    trainer.score(batch)
+    trainer.credit(batch)
+    stats = trainer.update(batch)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return trajs, batch, stats, weights, trainer
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.01])
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
+    trajs, full, full_stats, full_w, _ = one_update(tmp_path / "all", algo, kl, skip=False)
+    _, part, part_stats, part_w, _ = one_update(tmp_path / "skip", algo, kl, skip=True, trajs=trajs)
+    tied = torch.tensor([trajs[i].group != 1 for i, _ in part.steps])  # (B,) rows of the tied groups
+    assert tied.any() and (~tied).any()
+    # the same advantages, the same weights after the update, the same update statistics
+    assert torch.equal(full.token_adv, part.token_adv)
+    assert full_stats["update/optimizer_steps"] == part_stats["update/optimizer_steps"] > 0
+    for n in full_w:
+        assert torch.allclose(full_w[n], part_w[n], atol=1e-6, rtol=0), n
+    start = {n: p for n, p in load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)[0].named_parameters() if p.requires_grad}
+    assert any(not torch.allclose(start[n], part_w[n]) for n in part_w), "the update moved nothing: the test is vacuous"
+    for k in full_stats:
+        assert part_stats[k] == pytest.approx(full_stats[k], abs=1e-6), k
+    if ALGORITHMS[algo].teacher:  # and the teacher metrics a run logs
+        m_full, m_part = metrics.teacher_metrics(full, algo, 0.2), metrics.teacher_metrics(part, algo, 0.2)
+        assert m_full.keys() == m_part.keys()
+        for k in m_full:
+            assert m_part[k] == pytest.approx(m_full[k], abs=1e-6), k
+    assert full.skipped == {"student": 0, "teacher": 0}
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.01])
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, kl):
+    _, batch, _, _, _ = one_update(tmp_path, algo, kl, skip=True)
+    spec = ALGORITHMS[algo]
+    if spec.step_groups:  # GiGPO's Ahat = A_i + omega * A_step
+        zero = (batch.adv_row + batch.step_adv) == 0
+    else:
+        zero = batch.adv_row == 0
+    assert zero.any() and (~zero).any()
+    reads_all = kl > 0 or spec.sdar  # the KL and SDAR terms act on rows whose Ahat is 0
+    expected_student = torch.zeros_like(zero) if reads_all else zero
+    assert batch.skipped["student"] == int(expected_student.sum())
+    assert torch.equal(~batch.in_loss, expected_student)
+    if spec.teacher:
+        expected_teacher = batch.has_hindsight & (torch.zeros_like(zero) if spec.sdar else zero)
+        assert batch.skipped["teacher"] == int(expected_teacher.sum())
+        assert torch.equal(batch.taught, batch.has_hindsight & ~expected_teacher)
+    # a skipped row's log-probs were never computed (0), a scored row's were (< 0)
+    tokens = batch.segment_ids >= 0
+    assert (batch.logp_student[~batch.in_loss] == 0).all()
+    assert (batch.logp_student[batch.in_loss][tokens[batch.in_loss]] < 0).all()
+    if spec.teacher:
+        left = batch.has_hindsight & ~batch.taught & batch.in_loss  # scored as student, not as teacher
+        assert torch.equal(batch.logp_teacher[left], batch.logp_student[left])
+
+
+def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
+    """The denominator is every response token of the minibatch, skipped rows included: the same
+    number the loss divides by when nothing is skipped."""
+    seen = []
+    real = train.policy_loss
+
+    def spy(*a, **kw):
+        seen.append(kw["num_tokens"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(train, "policy_loss", spy)
+    args = train.parse_args(flags(model="tiny", preset="none", groups=3, group_size=4, max_steps=2, max_new_tokens=8,
+                                  lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", kl_coef=0.0, seed=5,
+                                  minibatches=1, micro_batch_rows=2, output_dir=str(tmp_path / "run")))
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    trajs, _ = trainer.rollout(1)
+    for traj, reward in zip(trajs, REWARDS):
+        for s in traj.steps:
+            s.reward = 0.0
+        traj.steps[-1].reward = reward
+    batch = trainer.make_rows(trajs)
+    trainer.advantages(batch)
+    trainer.score(batch)
+    trainer.credit(batch)
+    trainer.update(batch)
+    assert batch.skipped["student"] > 0
+    assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows)}
