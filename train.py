@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from advantage import ALGORITHMS, credit_assignment, gigpo_step_advantages, grpo_advantages, moving_rows, policy_loss
 from envs import draw_tasks, history_length, make_env, resolve_workers, training_tasks
 from eval import greedy_evaluation
-from infra import config, metrics
+from infra import config, dashboard, metrics
 from infra.checkpoint import RunFolder, find_checkpoint, restore_training_state, run_policy, run_warmstart
 from infra.cli import run
 from infra.distributed import DataParallel
@@ -95,6 +95,7 @@ class TrainArgs:
     save_every: int = 1  # checkpoint every N iterations
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
     output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo]; with --resume: that run's
     resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
     seed: int = 0  # seed for task sampling, generation and LoRA init
@@ -341,6 +342,7 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     dist.barrier()  # [distributed] every process has looked before the main one writes
     trainer = trainer or Trainer(args, dist=dist)
     run.start(asdict(args), trainer.iteration_done)  # [run]
+    tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args)) if dist.main else None  # [run]
     history = []
     while trainer.iteration_done < args.iterations:
         line, samples = trainer.iteration()
@@ -348,6 +350,7 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
         if args.eval_every and it % args.eval_every == 0 and dist.main:
             line.update(trainer.evaluate())
         run.log(line, samples)  # [run]
+        dashboard.log(tracker, line)  # [run] --report-to: the same line, live
         if it % args.save_every == 0 or it == args.iterations:  # [run] a checkpoint, then `latest`
             trainer.warmstart = run.save(it, trainer.model, trainer.optimizer, trainer.rng, asdict(args),
                                          trainer.warmstart, args.keep_checkpoints)
@@ -356,6 +359,7 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
         dist.barrier()  # [distributed]
         history.append(line)
     trainer.close()
+    dashboard.close(tracker)  # [run]
     return history
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from envs import alfworld, history_length, webshop
+from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags
 from rollout import default_model_name
@@ -39,7 +40,7 @@ CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
-                     "output_dir", "preset")
+                     "output_dir", "preset", "report_to")
 SPLITS = {"alfworld": alfworld.SPLITS, "webshop": webshop.SPLITS}  # checked before anything loads
 
 
@@ -158,6 +159,8 @@ def check_args(args) -> None:
     for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
         if split is not None and split not in SPLITS[args.env]:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
+    if dashboard.missing_package(args.report_to):
+        problems.append(dashboard.missing_package(args.report_to))
     if args.min_new_tokens > 0:
         problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
                         "the PPO ratio off-policy; leave it at 0 for training")
