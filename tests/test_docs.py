@@ -79,7 +79,7 @@ def _check(words: list[str], entry_points: dict) -> str | None:
     if args and args[0] == "-m":
         target, rest = args[1], args[2:]
         if target == "pytest":
-            paths = [a for a in rest if not a.startswith("-")]
+            paths = [a for i, a in enumerate(rest) if not a.startswith("-") and (i == 0 or rest[i - 1] not in ("-k", "-m"))]
             return None if all((ROOT / p).exists() for p in paths) else f"pytest path missing in {rest}"
         if not (ROOT / (target.replace(".", "/") + ".py")).is_file():
             return f"module {target} does not exist"

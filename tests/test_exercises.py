@@ -1,0 +1,72 @@
+"""The exercises' checks can fail and can pass: each fails on its blank template (as committed)
+and on a typical wrong answer, and passes on the project's own implementation."""
+import inspect
+
+import pytest
+import torch
+
+import advantage
+import segments
+from exercises import check
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("n", sorted(check.EXERCISES))
+def test_a_blank_template_fails_its_check(n):
+    blank = check.load(n)
+    assert "raise NotImplementedError" in inspect.getsource(blank), (
+        f"exercises/{check.EXERCISES[n][0]}.py is no longer blank: the repository keeps the templates blank "
+        "(work on your own copy or branch)")
+    found = check.problems(n, blank)
+    assert found and "not written yet" in found[0]
+
+
+@pytest.mark.parametrize("n", sorted(check.EXERCISES))
+def test_the_project_s_own_implementation_passes(n):
+    assert check.problems(n, check.solution(n)) == []
+
+
+def biased_std(rewards, group_ids):  # divides by n, not n - 1
+    return advantage.grpo_advantages(rewards, group_ids) * ((len(rewards) - 1) / len(rewards)) ** 0.5
+
+
+def gap_with_padding(logp_teacher, logp_student, segment_ids, gap_mask=None):  # averages padding too
+    return (logp_teacher - logp_student).mean(1, keepdim=True).expand(-1, int(segment_ids.max()) + 1)
+
+
+def unclipped_multiplier(adv, gaps, segment_ids, lam=0.5, mult_eps=0.2):
+    m = torch.exp(torch.sign(adv) * gaps)
+    return torch.where(segment_ids >= 0, (adv * ((1 - lam) + lam * m))[:, None], torch.zeros(()))
+
+
+def per_call_mean(logp_new, logp_old, token_adv, mask, num_tokens, ppo_clip=0.2):  # its own token count
+    return advantage.policy_loss(logp_new, logp_old, token_adv, mask, num_tokens=None, ppo_clip=ppo_clip)[0]
+
+
+def includes_oneself(trajs):
+    out = []
+    for t in trajs:
+        wins = [u for u in trajs if u.group == t.group and u.won]
+        out.append(segments.format_plan(segments.SIBLING_HEADLINE, min(wins, key=lambda u: len(u.steps)).actions)
+                   if wins else None)
+    return out
+
+
+def undiscounted(r, t, g, a, gamma):
+    return advantage.gigpo_step_advantages(r, t, g, a, 1.0)
+
+
+@pytest.mark.parametrize("n, wrong, words", [
+    (1, biased_std, "unbiased"), (2, gap_with_padding, "padding"), (3, unclipped_multiplier, "clipped"),
+    (4, per_call_mean, "num_tokens"), (5, includes_oneself, "never oneself"), (6, undiscounted, "discounted"),
+])
+def test_a_typical_wrong_answer_fails_with_a_reason_in_words(n, wrong, words):
+    found = check.problems(n, wrong)
+    assert any(words in message for message in found), found
+
+
+def test_the_command_says_what_to_fix(capsys):
+    assert check.main(["1"]) == 1
+    assert "not written yet" in capsys.readouterr().out
+    assert check.main(["all", "--solution"]) == 0

@@ -1,0 +1,53 @@
+"""The reading guide (docs/reading-guide.md) and the exercises' README name only what exists:
+every file, every function or class (`file.py:name`, `module.name`), every notebook cell
+(`NN § heading`) and every METHOD.md section."""
+import ast
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDES = [ROOT / "docs" / "reading-guide.md", ROOT / "exercises" / "README.md"]
+
+
+def defined(path: Path, dotted: str) -> bool:
+    """Whether `dotted` (a top-level name, or Class.method) is defined in the Python file."""
+    tree = ast.parse(path.read_text())
+    scope = tree.body
+    for part in dotted.split("."):
+        found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part] + \
+            [n for n in scope if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == part for t in n.targets)]
+        if not found:
+            return False
+        scope = getattr(found[0], "body", [])
+    return True
+
+
+def test_every_reference_in_the_reading_guides_exists():
+    sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "METHOD.md").read_text(), re.M))
+    headings = {}
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        cells = json.loads(nb.read_text())["cells"]
+        headings[nb.name[:2]] = {"".join(c["source"]).splitlines()[0].lstrip("# ").strip()
+                                 for c in cells if c["cell_type"] == "markdown" and c["source"]}
+    checked = 0
+    for guide in GUIDES:
+        text = guide.read_text()
+        for file, name in re.findall(r"`([\w/]+\.py):([\w.]+)`", text):
+            assert (ROOT / file).is_file() and defined(ROOT / file, name), f"{guide.name}: {file}:{name}"
+            checked += 1
+        for module, name in re.findall(r"`((?:advantage|segments|rollout|train|eval))\.(\w+)`", text):
+            if name == "py":
+                continue  # a file name, checked below
+            assert defined(ROOT / f"{module}.py", name), f"{guide.name}: {module}.{name}"
+            checked += 1
+        for path in re.findall(r"`([\w/.-]+\.(?:py|ipynb|md))`", text):
+            assert (ROOT / path).is_file() or (guide.parent / path).is_file(), f"{guide.name}: {path}"
+            checked += 1
+        for number, heading in re.findall(r"\b(\d\d) § ([^|\n]+?)\s*(?:\||$)", text, re.M):
+            assert heading in headings.get(number, set()), f"{guide.name}: notebook {number} has no cell '{heading}'"
+            checked += 1
+        for n in re.findall(r"METHOD\.md section (\d+)", text):
+            assert n in sections, f"{guide.name}: METHOD.md section {n}"
+            checked += 1
+    assert checked >= 40
