@@ -16,6 +16,7 @@ Metrics (printed as a table and written as JSON):
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
 
 Run: python eval.py --env alfworld --policy expert            (the shipped games; --data-dir DIR --split valid_seen for real ones)
+     python eval.py --policy model --model smollm2 --init-adapter data/warmstart/smollm2-alfworld   (the CPU warm start)
      python eval.py --env webshop --policy random
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class EvalArgs:
     batch_size: int = 16  # episodes played in one batch
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     model: str | None = None  # model for --policy model without --checkpoint; default per device
+    init_adapter: str | None = None  # with --model: a warm start merged in first (e.g. data/warmstart/smollm2-alfworld)
     checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
     temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
     max_new_tokens: int = 256  # response length limit for --policy model
@@ -174,6 +176,8 @@ def check_args(args: EvalArgs) -> None:
         problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add --policy model")
     if args.checkpoint and args.model:
         problems.append("--model and --checkpoint: the checkpoint names its own base model; drop --model")
+    if args.init_adapter and (args.checkpoint or args.policy != "model"):
+        problems.append("--init-adapter is for --policy model without --checkpoint (a checkpoint carries its own)")
     if problems:
         raise UserError("; ".join(problems))
 
@@ -228,7 +232,7 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
     if ckpt is not None:
         model, tokenizer = load_checkpoint_policy(ckpt)
     else:
-        model, tokenizer = load_policy(args.model, seed=args.seed)
+        model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

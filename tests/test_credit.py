@@ -124,11 +124,26 @@ def test_seed_intervals_and_summary(tmp_path):
     assert (tmp_path / "curves.png").exists() and "| sharpo | 2 | 3 |" in (tmp_path / "summary.md").read_text()
 
 
+def test_held_out_success_before_and_after_in_the_summary():
+    """With --eval-split, each run's held-out success after training sits beside the start policy's,
+    and `learned` is their difference, with its interval over seeds."""
+    metrics = [{"iteration": 1, "success": 0.5, "seconds/rollout": 1.0}]
+    runs = {"sharpo": {0: metrics, 1: metrics, 2: metrics}}
+    held_out = {"start": 0.25, ("sharpo", 0): 0.25, ("sharpo", 1): 0.5, ("sharpo", 2): 0.75}
+    row = compare.summarize(runs, 1, held_out)["sharpo"]
+    assert row["start_success"] == [0.25, 0.25, 0.25]
+    assert row["learned"][0] == pytest.approx(0.25) and row["learned"][1] < 0 < row["learned"][2]
+    assert "| held-out start | held-out after | learned |" in compare.markdown_table({"sharpo": row})
+    assert compare.summarize(runs, 1)["sharpo"]["learned"] is None
+
+
 def test_compare_refuses_flags_it_sets():
     with pytest.raises(compare.UserError, match="--seed"):
         compare.main(["--out", "/tmp/x", "--", "--seed", "3"])
     with pytest.raises(compare.UserError, match="unknown algorithm"):
         compare.main(["--algos", "ppo", "--out", "/tmp/x"])
+    with pytest.raises(compare.UserError, match="--eval-split"):
+        compare.main(["--eval-split", "dev", "--out", "/tmp/x"])
 
 
 def test_credit_end_to_end_on_the_stub_env():

@@ -13,11 +13,17 @@ Summary, per algorithm (mean over seeds, 95% t-interval over seeds):
   auc_success     mean rollout success over all iterations (area under the curve / iterations)
   eval_success    the last greedy evaluation's success, when the runs evaluated
   s_per_iter      wall seconds per iteration;  time_vs_grpo  s_per_iter / GRPO's
+With --eval-split, each finished run's last checkpoint and the policy every run started from
+are evaluated greedily with eval.py on that split (all its games, --eval-max-steps each), so
+the table also says whether anything learned:
+  start_success   the starting policy's success (the same for every run: greedy, same start)
+  held_out_after  the trained policy's success;  learned  held_out_after - start_success
 
 With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
 should be. "No difference" is what overlapping intervals say.
 
 Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
+     python -m tools.compare --algos sharpo,grpo,gigpo --eval-split valid_seen --out runs/compare -- --iterations 4
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import train
 from advantage import ALGORITHMS
 from infra.checkpoint import find_checkpoint, read_iteration
 from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.config import SPLITS
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
@@ -51,6 +58,9 @@ class CompareArgs:
     jobs: int = 1  # runs at the same time (each with OMP_NUM_THREADS = cores / jobs)
     gather_only: bool = False  # only summarise the run folders already in --out
     final_window: int = 3  # iterations averaged into final_success
+    eval_split: str = ""  # evaluate the start policy and each run's last checkpoint on this split ("" = no)
+    eval_max_steps: int = 8  # env steps per evaluation episode
+    eval_new_tokens: int = 64  # response length limit in the evaluation
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -98,15 +108,18 @@ def run_summary(metrics: list[dict], final_window: int) -> dict:
             "s_per_iter": sum(seconds) / len(seconds)}
 
 
-def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int) -> dict:
-    """{algo: {stat: [mean, low, high], "seeds": n}} over the runs that have metrics."""
+def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int, held_out: dict | None = None) -> dict:
+    """{algo: {stat: [mean, low, high], "seeds": n}} over the runs that have metrics; held_out:
+    {"start": success, (algo, seed): success} when the runs were evaluated (--eval-split)."""
     table = {}
     for algo, by_seed in runs.items():
-        per_run = [run_summary(m, final_window) for m in by_seed.values() if m]
+        per_run = [{**run_summary(m, final_window), **held_out_summary(held_out, algo, seed)}
+                   for seed, m in by_seed.items() if m]
         if not per_run:
             continue
         row = {"seeds": len(per_run), "iterations": min(r["iterations"] for r in per_run)}
-        for key in ("final_success", "auc_success", "eval_success", "s_per_iter"):
+        for key in ("final_success", "auc_success", "eval_success", "s_per_iter", "start_success", "held_out_after",
+                    "learned"):
             values = [r[key] for r in per_run if r[key] is not None]
             row[key] = list(mean_interval(values)) if values else None
         table[algo] = row
@@ -116,15 +129,26 @@ def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int) -> dict
     return table
 
 
+def held_out_summary(held_out: dict | None, algo: str, seed: int) -> dict:
+    """A run's held-out success before (the start policy) and after training, and the change."""
+    if not held_out or (algo, seed) not in held_out:
+        return {"start_success": None, "held_out_after": None, "learned": None}
+    start, after = held_out["start"], held_out[(algo, seed)]
+    return {"start_success": start, "held_out_after": after, "learned": after - start}
+
+
 def markdown_table(table: dict) -> str:
     def cell(v):
         return "-" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
-    lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |",
-             "|---|---|---|---|---|---|---|---|"]
+    held = any(r.get("held_out_after") for r in table.values())
+    lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
+             + (" held-out start | held-out after | learned |" if held else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "")]
     for algo, r in table.items():
         lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
-                     f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |")
+                     f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |"
+                     + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -185,6 +209,32 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def evaluate(out: Path, runs_of: dict, args: CompareArgs) -> dict:
+    """Greedy held-out success of the start policy and of each run's last checkpoint (eval.py in a
+    subprocess each, all CPU threads; a result already on disk is read, not recomputed)."""
+    split, results = args.eval_split, {}
+    common = ["--policy", "model", "--split", split, "--max-steps", str(args.eval_max_steps),
+              "--max-new-tokens", str(args.eval_new_tokens)]
+    first = next((run for run in runs_of.values() if (run / "config.json").is_file()), None)
+    if first is None:
+        return {}
+    config = json.loads((first / "config.json").read_text())
+    jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]
+                      + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
+    for key, run in runs_of.items():
+        if run_state(run, None) != "new":
+            jobs[key] = (run / f"eval_{split}_final.json", ["--checkpoint", str(run)])
+    for key, (path, which) in jobs.items():
+        if not path.is_file() and not args.gather_only:
+            print(f"  evaluating {key if key == 'start' else f'{key[0]} seed {key[1]}'} on {split} -> {path}", flush=True)
+            eval_script = Path(__file__).resolve().parent.parent / "eval.py"
+            subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
+                           stdout=subprocess.DEVNULL)
+        if path.is_file():
+            results[key] = json.loads(path.read_text())["success"]
+    return results if "start" in results else {}
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -200,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
     for flag in ("--algo", "--seed", "--output-dir", "--resume"):
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
             problems.append(f"{flag} is set by compare.py for each run; drop it after --")
+    env = train.parse_args(train_flags).env if not problems else "alfworld"
+    if args.eval_split and args.eval_split not in SPLITS[env]:
+        problems.append(f"--eval-split for {env} must be one of {', '.join(SPLITS[env])}; got {args.eval_split!r}")
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out)
@@ -223,13 +276,15 @@ def main(argv: list[str] | None = None) -> dict:
                 (algo, seed), proc = item
                 print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}", flush=True)
     runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
-    table = summarize(runs, args.final_window)
+    held_out = evaluate(out, runs_of, args) if args.eval_split else None
+    table = summarize(runs, args.final_window, held_out)
     if not table:
         raise UserError(f"no run in {out} has metrics yet")
     curves_png(runs, out / "curves.png")
     (out / "summary.md").write_text(markdown_table(table))
     (out / "summary.json").write_text(json.dumps({"train_flags": train_flags, "algos": algos, "seeds": seeds,
-                                                  "final_window": args.final_window, "table": table}, indent=1))
+                                                  "final_window": args.final_window, "eval_split": args.eval_split,
+                                                  "eval_max_steps": args.eval_max_steps, "table": table}, indent=1))
     print(markdown_table(table))
     print(f"wrote {out / 'curves.png'}, {out / 'summary.md'}, {out / 'summary.json'}")
     return table
