@@ -315,7 +315,7 @@ def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
 
 def save_adapter(model, path: str | os.PathLike) -> None:
     """The LoRA adapter in safetensors, without the model-card stub peft writes beside it."""
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, save_embedding_layers=False)  # LoRA only (no base lookup)
     (Path(path) / "README.md").unlink(missing_ok=True)
 
 
