@@ -121,3 +121,17 @@ def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
     trainer.update(batch)
     assert batch.skipped["student"] > 0
     assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows)}
+
+
+def test_bench_times_both_ways_at_half_the_groups_tied(tmp_path):
+    """tools/bench.py: in one run, each algorithm with and without skipping; with half of 2 groups
+    tied, the skipped run leaves out the tied group's rows and the other leaves out none."""
+    from tools import bench
+
+    results = bench.main(["--model", "tiny", "--episodes", "8", "--group-size", "4", "--steps", "2", "--new-tokens", "4",
+                          "--obs-words", "20", "--out", str(tmp_path / "bench.json")])
+    assert results["sharpo"]["skipped"] == "8/8 of 16" and results["sharpo (no skipping)"]["skipped"] == "0/0 of 16"
+    assert results["grpo"]["skipped"] == "8/- of 16"
+    for key in ("sharpo_over_grpo_time", "sharpo_over_grpo_time_no_skipping", "sharpo_skip_over_no_skip_time"):
+        assert results[key] > 0
+    assert (tmp_path / "bench.json").is_file()
