@@ -17,13 +17,13 @@ torch.set_num_threads(1)
 REWARDS = [0.0] * 4 + [10.0, 0.0, 0.0, 10.0] + [0.0] * 4
 
 
-def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None):
+def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None, **kw):
     """One iteration's stages 2-6 on the tiny model, from the same start; returns what they made."""
-    args = train.parse_args(flags(
-        model="tiny", preset="none", algo=algo, groups=3, group_size=4, max_steps=2, max_new_tokens=8, lr=1e-2,
-        lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", kl_coef=kl, seed=5, micro_batch_rows=2,
-        minibatches=64, ppo_epochs=2,  # one row a minibatch: some minibatches hold only skipped rows
-        output_dir=str(tmp_path / "run")))
+    args = train.parse_args(flags(**{
+        **dict(model="tiny", preset="none", algo=algo, groups=3, group_size=4, max_steps=2, max_new_tokens=8, lr=1e-2,
+               lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", kl_coef=kl, seed=5, micro_batch_rows=2,
+               minibatches=64, ppo_epochs=2,  # one row a minibatch: some minibatches hold only skipped rows
+               output_dir=str(tmp_path / "run")), **kw}))
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
     trainer.skip_rows = skip
@@ -104,21 +104,7 @@ def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(train, "policy_loss", spy)
-    args = train.parse_args(flags(model="tiny", preset="none", groups=3, group_size=4, max_steps=2, max_new_tokens=8,
-                                  lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", kl_coef=0.0, seed=5,
-                                  minibatches=1, micro_batch_rows=2, output_dir=str(tmp_path / "run")))
-    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
-    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
-    trajs, _ = trainer.rollout(1)
-    for traj, reward in zip(trajs, REWARDS):
-        for s in traj.steps:
-            s.reward = 0.0
-        traj.steps[-1].reward = reward
-    batch = trainer.make_rows(trajs)
-    trainer.advantages(batch)
-    trainer.score(batch)
-    trainer.credit(batch)
-    trainer.update(batch)
+    _, batch, _, _, _ = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)  # one minibatch
     assert batch.skipped["student"] > 0
     assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows)}
 
