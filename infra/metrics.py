@@ -129,11 +129,12 @@ def peak_memory_gb() -> float:
 
 
 def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
-    """A few trajectories (those with hindsight first) with each segment's gap and multiplier
-    (null where the teacher did not score the row: its Ahat is 0)."""
+    """A few trajectories (those whose advantage is not 0 first, then those with hindsight) with each
+    segment's gap and multiplier (null where the teacher did not score the row: its Ahat is 0)."""
     trajs, steps = batch.trajs, batch.steps
     delta = batch.logp_teacher - batch.logp_student  # (B, T) per-token teacher - student gap
-    picked = sorted(range(len(trajs)), key=lambda i: (trajs[i].hindsight is None, i))[:k]
+    moves = {i: bool(m) for (i, _), m in zip(steps, batch.moves)}  # trajectory -> its rows can move the policy
+    picked = sorted(range(len(trajs)), key=lambda i: (not moves.get(i, False), trajs[i].hindsight is None, i))[:k]
     records = []
     for i in picked:
         mine = [b for b, (j, _) in enumerate(steps) if j == i]

@@ -121,3 +121,12 @@ def test_bench_times_both_ways_at_half_the_groups_tied(tmp_path):
     for key in ("sharpo_over_grpo_time", "sharpo_over_grpo_time_no_skipping", "sharpo_skip_over_no_skip_time"):
         assert results[key] > 0
     assert (tmp_path / "bench.json").is_file()
+
+
+def test_samples_show_the_trajectories_that_move_first_and_null_where_the_teacher_was_not_asked(tmp_path):
+    _, batch, _, _, trainer = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)
+    records = metrics.sample_records(batch, trainer.tokenizer, 12, 1)
+    moving = [r for r in records if r["advantage"] != 0]
+    assert moving and records[: len(moving)] == moving  # those whose advantage is not 0 come first
+    assert all(isinstance(s["gap"], float) and s["token_delta"] for r in moving for s in r["segments"])
+    assert all(s["gap"] is None and s["multiplier"] is None for r in records[len(moving):] for s in r["segments"])
