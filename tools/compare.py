@@ -219,6 +219,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs) -> dict:
     if first is None:
         return {}
     config = json.loads((first / "config.json").read_text())
+    common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
     jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
