@@ -159,8 +159,7 @@ def check_args(args) -> None:
     for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
         if split is not None and split not in SPLITS[args.env]:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
-    if dashboard.missing_package(args.report_to):
-        problems.append(dashboard.missing_package(args.report_to))
+    problems += [p for p in [dashboard.missing_package(args.report_to)] if p]
     if args.min_new_tokens > 0:
         problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
                         "the PPO ratio off-policy; leave it at 0 for training")

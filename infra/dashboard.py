@@ -14,7 +14,6 @@ from pathlib import Path
 
 from accelerate.tracking import TensorBoardTracker, TrackioTracker, WandBTracker
 
-CHOICES = ("none", "tensorboard", "trackio", "wandb")
 PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}  # what to pip install
 
 

@@ -133,8 +133,8 @@ def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
     segment's gap and multiplier (null where the teacher did not score the row: its Ahat is 0)."""
     trajs, steps = batch.trajs, batch.steps
     delta = batch.logp_teacher - batch.logp_student  # (B, T) per-token teacher - student gap
-    moves = {i: bool(m) for (i, _), m in zip(steps, batch.moves)}  # trajectory -> its rows can move the policy
-    picked = sorted(range(len(trajs)), key=lambda i: (not moves.get(i, False), trajs[i].hindsight is None, i))[:k]
+    moving = {i for (i, _), m in zip(steps, batch.moves) if m}  # trajectories with a row that can move the policy
+    picked = sorted(range(len(trajs)), key=lambda i: (i not in moving, trajs[i].hindsight is None, i))[:k]
     records = []
     for i in picked:
         mine = [b for b, (j, _) in enumerate(steps) if j == i]

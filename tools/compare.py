@@ -183,18 +183,13 @@ def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- running
-def run_state(run: Path, iterations: int | None) -> str:
+def run_state(run: Path, iterations: int) -> str:
     """'done', 'partial' (resume it) or 'new'."""
     try:
         done = read_iteration(find_checkpoint(run))
     except UserError:
         return "new"
-    return "done" if iterations is not None and done >= iterations else "partial"
-
-
-def train_iterations(train_flags: list[str]) -> int:
-    """The --iterations the runs will have (train.py's own resolution of the flags)."""
-    return train.parse_args(train_flags).iterations
+    return "done" if done >= iterations else "partial"
 
 
 def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int, state: str) -> subprocess.Popen:
@@ -209,9 +204,9 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def evaluate(out: Path, runs_of: dict, args: CompareArgs) -> dict:
-    """Greedy held-out success of the start policy and of each run's last checkpoint (eval.py in a
-    subprocess each, all CPU threads; a result already on disk is read, not recomputed)."""
+def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> dict:
+    """Greedy held-out success of the start policy and of each finished run's last checkpoint
+    (eval.py in a subprocess each, all CPU threads; a result already on disk is read, not recomputed)."""
     split, results = args.eval_split, {}
     common = ["--policy", "model", "--split", split, "--max-steps", str(args.eval_max_steps),
               "--max-new-tokens", str(args.eval_new_tokens)]
@@ -223,7 +218,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs) -> dict:
     jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
-        if run_state(run, None) != "new":
+        if run_state(run, iterations) == "done":  # an unfinished run's checkpoint is not its last
             jobs[key] = (run / f"eval_{split}_final.json", ["--checkpoint", str(run)])
     for key, (path, which) in jobs.items():
         if not path.is_file() and not args.gather_only:
@@ -251,17 +246,17 @@ def main(argv: list[str] | None = None) -> dict:
     for flag in ("--algo", "--seed", "--output-dir", "--resume"):
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
             problems.append(f"{flag} is set by compare.py for each run; drop it after --")
-    env = train.parse_args(train_flags).env if not problems else "alfworld"
-    if args.eval_split and args.eval_split not in SPLITS[env]:
-        problems.append(f"--eval-split for {env} must be one of {', '.join(SPLITS[env])}; got {args.eval_split!r}")
+    run_flags = None if problems else train.parse_args(train_flags)  # the runs' flags, as train.py resolves them
+    if run_flags and args.eval_split and args.eval_split not in SPLITS[run_flags.env]:
+        problems.append(f"--eval-split for {run_flags.env} must be one of {', '.join(SPLITS[run_flags.env])}; "
+                        f"got {args.eval_split!r}")
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs_of = {(a, s): out / f"{a}-seed{s}" for a in algos for s in seeds}
     if not args.gather_only:
-        iterations = train_iterations(train_flags)
-        todo = [(key, run_state(run, iterations)) for key, run in runs_of.items()]
+        todo = [(key, run_state(run, run_flags.iterations)) for key, run in runs_of.items()]
         todo = [(key, state) for key, state in todo if state != "done"]
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         running: list[tuple[tuple, subprocess.Popen]] = []
@@ -277,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
                 (algo, seed), proc = item
                 print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}", flush=True)
     runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
-    held_out = evaluate(out, runs_of, args) if args.eval_split else None
+    held_out = evaluate(out, runs_of, args, run_flags.iterations) if args.eval_split else None
     table = summarize(runs, args.final_window, held_out)
     if not table:
         raise UserError(f"no run in {out} has metrics yet")
