@@ -84,9 +84,9 @@ def portable_problems(nb) -> list[str]:
             texts = [out.get("text", "")] + [v for k, v in out.get("data", {}).items() if k.startswith("text/")]
             for text in texts:
                 text = text if isinstance(text, str) else "".join(text)
-                for bad in (str(ROOT), tempfile.gettempdir() + "/", str(Path.home()) + "/"):
-                    if bad in text:
-                        problems.append(f"cell {index}: an absolute path ({bad})")
+                paths = [p for p in (str(ROOT), tempfile.gettempdir() + "/", str(Path.home()) + "/") if p in text]
+                if paths:  # one problem a text (the repository itself may lie under the temporary folder)
+                    problems.append(f"cell {index}: an absolute path ({paths[0]})")
                 if TIMING.search(text):
                     problems.append(f"cell {index}: a timing ({TIMING.search(text).group(0)!r})")
             if out.output_type == "stream" and out.name == "stderr":
