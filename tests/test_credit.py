@@ -137,6 +137,26 @@ def test_held_out_success_before_and_after_in_the_summary():
     assert compare.summarize(runs, 1)["sharpo"]["learned"] is None
 
 
+def test_gather_reads_only_evaluations_of_the_last_checkpoint(tmp_path):
+    """--gather-only summarises the evaluations on disk (a run folder may hold no checkpoint, as in
+    results/), but one of an earlier iteration's checkpoint (the run was extended since) is not its last."""
+    def write_eval(path, success, checkpoint):
+        path.write_text(json.dumps({"success": success, "config": {"checkpoint": checkpoint}}))
+
+    write_eval(tmp_path / "eval_start_valid_seen.json", 0.25, None)
+    for seed, iteration in ((0, 3), (1, 2)):
+        run = tmp_path / f"sharpo-seed{seed}"
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": None}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success": 0.5}) + "\n" for i in (1, 2, 3)))
+        write_eval(run / "eval_valid_seen_final.json", 0.5 + seed / 4, f"{run}/checkpoints/iter-{iteration:06d}")
+    table = compare.main(["--algos", "sharpo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only",
+                          "--eval-split", "valid_seen", "--", "--env", "alfworld", "--iterations", "3"])
+    assert table["sharpo"]["held_out_after"] == [0.5, 0.5, 0.5]  # seed 1's evaluation is of iteration 2: left out
+    assert table["sharpo"]["learned"][0] == pytest.approx(0.25)
+    assert compare.evaluated_iteration(tmp_path / "sharpo-seed1" / "eval_valid_seen_final.json") == 2
+
+
 def test_compare_refuses_flags_it_sets():
     with pytest.raises(compare.UserError, match="--seed"):
         compare.main(["--out", "/tmp/x", "--", "--seed", "3"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,14 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def evaluated_iteration(path: Path) -> int | None:
+    """The training iteration of the checkpoint an eval.py result evaluated (None: no such file or no checkpoint)."""
+    if not path.is_file():
+        return None
+    found = re.search(r"iter-(\d+)", json.loads(path.read_text()).get("config", {}).get("checkpoint") or "")
+    return int(found.group(1)) if found else None
+
+
 def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> dict:
     """Greedy held-out success of the start policy and of each finished run's last checkpoint
     (eval.py in a subprocess each, all CPU threads; a result already on disk is read, not recomputed)."""
@@ -218,8 +227,12 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
     jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
-        if run_state(run, iterations) == "done":  # an unfinished run's checkpoint is not its last
-            jobs[key] = (run / f"eval_{split}_final.json", ["--checkpoint", str(run)])
+        path = run / f"eval_{split}_final.json"
+        if evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
+            jobs[key] = (path, [])
+        elif run_state(run, iterations) == "done" and not args.gather_only:  # an unfinished run's is not its last
+            path.unlink(missing_ok=True)  # one of an earlier iteration's checkpoint: the run was extended since
+            jobs[key] = (path, ["--checkpoint", str(run)])
     for key, (path, which) in jobs.items():
         if not path.is_file() and not args.gather_only:
             print(f"  evaluating {key if key == 'start' else f'{key[0]} seed {key[1]}'} on {split} -> {path}", flush=True)
