@@ -17,6 +17,10 @@ The caller fills batch[teacher_key] with the teacher's log-probs of the response
 same policy run on the same responses with the hindsight block in the prompt
 (`hindsight_messages` builds that prompt from the chat messages). batch[student_key] holds
 the student's (verl's old_log_probs). Returns Ahat (B, T_response), 0 outside segments.
+
+Compute only where credit flows (as train.py does): `needs_teacher(data)` marks the samples
+whose A_i != 0, the only ones whose teacher log-probs can change Ahat. Run the teacher on those
+alone and give every other sample its student log-probs (any finite values give the same Ahat: 0).
 """
 from __future__ import annotations
 
@@ -55,6 +59,20 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps
     """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, mult_eps, shape and
     granularity as in advantage.sharpo_token_advantages (shape="sigmoid": StepOPSD,
     granularity="token": RLSD)."""
+    adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key)  # (B,), (B, T)
+    batch = data.batch
+    return sharpo_token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
+                                   lam=lam, mult_eps=mult_eps, granularity=granularity, shape=shape)
+
+
+def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",
+                  mask_key: str = "response_mask") -> torch.Tensor:
+    """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat."""
+    return advantages_and_segments(data, layout, reward_key, mask_key)[0] != 0
+
+
+def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_i of each sample's trajectory (B,) and the segment ids (B, T) of `layout` (module docstring)."""
     batch, extra = data.batch, data.non_tensor_batch
     mask = batch[mask_key]  # (B, T) 1 = a generated token
     rewards = batch[reward_key].sum(dim=-1).double()  # (B,) each sample's reward
@@ -76,8 +94,7 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps
         segment_ids = runs_of_ones(mask)  # (B, T) each run of generated tokens is a segment
     else:
         raise ValueError(f"layout must be 'per_step' or 'per_trajectory'; got {layout!r}")
-    return sharpo_token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
-                                   lam=lam, mult_eps=mult_eps, granularity=granularity, shape=shape)
+    return adv_row, segment_ids
 
 
 def hindsight_messages(messages: list[dict], actions: list[str],

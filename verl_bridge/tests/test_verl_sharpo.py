@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 from verl import DataProto  # noqa: E402  (the real package: these tests need it)
 
 from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
-from verl_bridge.verl_sharpo import hindsight_messages, runs_of_ones, sharpo_advantages  # noqa: E402
+from verl_bridge.verl_sharpo import hindsight_messages, needs_teacher, runs_of_ones, sharpo_advantages  # noqa: E402
 
 
 def _proto(tensors: dict, non_tensors: dict) -> DataProto:
@@ -94,3 +94,28 @@ def test_disagreeing_step_rewards_are_an_error_and_hindsight_prompt():
         sharpo_advantages(data, layout="per_step")
     messages = hindsight_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}], ["look", "go"])
     assert messages[0]["content"] == "s" and messages[1]["content"].endswith("1. look\n2. go\n\ntask")
+
+
+def test_the_teacher_is_needed_only_where_the_advantage_is_not_zero():
+    """needs_teacher marks exactly the samples whose A_i != 0 (a tied group has none), in both layouts;
+    whatever finite teacher log-probs the other samples hold, Ahat is the same."""
+    g = torch.Generator().manual_seed(3)
+    traj_uid = ["a", "a", "b", "c", "d", "d", "e"]
+    uid = ["tied", "tied", "tied", "tied", "spread", "spread", "spread"]
+    episode = {"a": 0.0, "b": 0.0, "c": 0.0, "d": 10.0, "e": 0.0}
+    B, T = len(traj_uid), 5
+    mask = torch.ones(B, T, dtype=torch.long)
+    rewards = torch.zeros(B, T)
+    rewards[:, 0] = torch.tensor([episode[t] for t in traj_uid])
+    student = -torch.rand(B, T, generator=g)
+    teacher = student + 0.3 * torch.randn(B, T, generator=g)
+    tensors = {"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
+               "teacher_log_probs": teacher}
+    data = _proto(tensors, {"uid": uid, "traj_uid": traj_uid})
+    needed = needs_teacher(data)
+    assert needed.tolist() == [False, False, False, False, True, True, True]
+    skipped = _proto({**tensors, "teacher_log_probs": torch.where(needed[:, None], teacher, student)},
+                     {"uid": uid, "traj_uid": traj_uid})
+    assert torch.equal(sharpo_advantages(skipped), sharpo_advantages(data))
+    per_traj = _proto({"response_mask": mask[:3], "token_level_rewards": rewards[:3]}, {"uid": ["g", "g", "h"]})
+    assert needs_teacher(per_traj, layout="per_trajectory").tolist() == [False, False, False]  # g ties, h is alone
