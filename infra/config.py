@@ -159,7 +159,8 @@ def check_args(args) -> None:
     for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
         if split is not None and split not in SPLITS[args.env]:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
-    problems += [p for p in [dashboard.missing_package(args.report_to)] if p]
+    if missing := dashboard.missing_package(args.report_to):
+        problems.append(missing)
     if args.min_new_tokens > 0:
         problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
                         "the PPO ratio off-policy; leave it at 0 for training")

@@ -68,9 +68,7 @@ def clean(nb) -> list[str]:
             for kind, value in out.get("data", {}).items():
                 if kind.startswith("text/"):
                     out.data[kind] = scrub(value if isinstance(value, str) else "".join(value))
-                elif kind.startswith("image/") and len(base64.b64decode(value)) > MAX_PICTURE_BYTES:
-                    problems.append(f"cell {index}: a {kind} of {len(base64.b64decode(value)) // 1000} kB "
-                                    f"(at most {MAX_PICTURE_BYTES // 1000} kB)")
+            problems += [f"cell {index}: {p}" for p in large_pictures(out)]
             kept.append(out)
         cell.outputs = kept
     return problems
@@ -91,10 +89,16 @@ def portable_problems(nb) -> list[str]:
                     problems.append(f"cell {index}: a timing ({TIMING.search(text).group(0)!r})")
             if out.output_type == "stream" and out.name == "stderr":
                 problems.append(f"cell {index}: a stderr stream")
-            for kind, value in out.get("data", {}).items():
-                if kind.startswith("image/") and len(base64.b64decode(value)) > MAX_PICTURE_BYTES:
-                    problems.append(f"cell {index}: a picture over {MAX_PICTURE_BYTES // 1000} kB")
+            problems += [f"cell {index}: {p}" for p in large_pictures(out)]
     return problems
+
+
+def large_pictures(out) -> list[str]:
+    """The pictures of one output over MAX_PICTURE_BYTES, each said with its size."""
+    sizes = {kind: len(base64.b64decode(value)) for kind, value in out.get("data", {}).items()
+             if kind.startswith("image/")}
+    return [f"a {kind} of {size // 1000} kB (at most {MAX_PICTURE_BYTES // 1000} kB)"
+            for kind, size in sizes.items() if size > MAX_PICTURE_BYTES]
 
 
 def execute(path: Path, timeout: int = 1800):

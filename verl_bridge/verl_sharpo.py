@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: advantage.py, segments.py
 
-from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
+from advantage import grpo_advantages, moving_rows, sharpo_token_advantages  # noqa: E402
 from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
 
 
@@ -67,8 +67,9 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",
                   mask_key: str = "response_mask") -> torch.Tensor:
-    """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat."""
-    return advantages_and_segments(data, layout, reward_key, mask_key)[0] != 0
+    """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat
+    (advantage.moving_rows, the rule train.py skips by)."""
+    return moving_rows("sharpo", advantages_and_segments(data, layout, reward_key, mask_key)[0])
 
 
 def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str) -> tuple[torch.Tensor, torch.Tensor]:
