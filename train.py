@@ -21,7 +21,8 @@ run (torchrun / accelerate launch; infra/distributed.py) and do nothing in a pla
 keep the run folder (infra/checkpoint.py), the logs (infra/metrics.py) and the timings.
 
 Deviations from the paper: see advantage.py; the teacher is the policy itself with the
-hindsight block in its first user message, and rows without hindsight use multiplier 1.
+hindsight block as one more user turn after the student's context (so stage 4 scores both from
+one pass over that context), and rows without hindsight use multiplier 1.
 
 Run: python train.py --env alfworld            (the CPU demo preset when no GPU is present)
 """
@@ -43,7 +44,7 @@ from infra import config, dashboard, metrics
 from infra.checkpoint import RunFolder, find_checkpoint, restore_training_state, run_policy, run_warmstart
 from infra.cli import run
 from infra.distributed import DataParallel
-from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs
+from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs, student_teacher_logprobs
 from segments import (EXPERT_HEADLINE, Row, Trajectory, action_masks, build_row, build_teacher_row,  # isort: skip
                       collate_rows, format_plan, response_segment_ids, sibling_hindsight)
 
@@ -57,6 +58,7 @@ class TrainArgs:
     preset: Literal["auto", "gpu", "cpu-demo", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU or a CPU with AVX512-BF16/AMX, else fp32
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
     init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
@@ -138,6 +140,7 @@ class Trainer:
     """Holds the model, optimizer, envs and run state; `iteration()` is the numbered loop body."""
 
     skip_rows = True  # leave out the rows whose work would add zeros (False: tests and bench, same result)
+    reuse_context = True  # the teacher continues from the student's context cache (False: tests and bench, same result)
 
     def __init__(self, args: TrainArgs, model=None, tokenizer=None, env=None, dist: DataParallel | None = None):
         self.dist = dist or DataParallel()  # [distributed] world 1 in a plain run
@@ -229,14 +232,18 @@ class Trainer:
         student = batch.in_loss if self.skip_rows else torch.ones_like(batch.in_loss)  # (B,) without skipping: all
         taught = batch.taught if self.skip_rows else batch.has_hindsight & self.algo.teacher  # (B,)
         self.model.eval()
-        with watch("student"):
-            batch.logp_student = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
-                                               desc=f"iter {it} student", only=student)  # (B, T)
-        batch.logp_teacher = batch.logp_student.clone()  # (B, T) rows without hindsight: teacher = student, m = 1
-        if taught.any():
+        if self.reuse_context:  # one pass over each row's context serves the student and its teacher
+            batch.logp_student, logp_teacher = student_teacher_logprobs(
+                self.model, batch.rows, batch.teacher_rows, self.pad_id, mb, args.temperature, T, student, taught,
+                desc=f"iter {it} student+teacher", watch=watch)  # (B, T), (B, T)
+        else:  # [run] the same figures, each teacher row computed whole (tests and bench only)
+            with watch("student"):
+                batch.logp_student = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,
+                                                   desc=f"iter {it} student", only=student)  # (B, T)
             with watch("teacher"):
-                batch.logp_teacher[taught] = rows_logprobs(self.model, batch.teacher_rows, self.pad_id, mb, args.temperature,
-                                                           T, desc=f"iter {it} teacher", only=taught)[taught]
+                logp_teacher = rows_logprobs(self.model, batch.teacher_rows, self.pad_id, mb, args.temperature, T,
+                                             desc=f"iter {it} teacher", only=taught)  # (B, T)
+        batch.logp_teacher = torch.where(taught[:, None], logp_teacher, batch.logp_student)  # (B, T) no hindsight: m = 1
         if args.kl_coef > 0:
             with watch("reference"), self.model.disable_adapter():  # the reference: base weights, no second copy
                 batch.logp_ref = rows_logprobs(self.model, batch.rows, self.pad_id, mb, args.temperature, T,

@@ -388,7 +388,7 @@ def fill_model_card(text: str, config: dict, lora_cfg: dict) -> str:
                              "rewarded 10 for a win (WebShop: a purchase scoring 1.0) and -0.1 per invalid action.",
         "#### Preprocessing [optional]": f"Warm start: {warm_note}.",
         "- **Training regime:**": f"RL with --algo {config['algo']} (credit assignment: METHOD.md in the repository); "
-                                  f"{'bf16 4-bit base' if config.get('load_in_4bit') else 'float32 base'}, LoRA trained. "
+                                  f"{'4-bit nf4' if config.get('load_in_4bit') else config.get('dtype', 'fp32')} base, float32 LoRA trained. "
                                   f"All flags: {settings}",
     }
     if not text:
@@ -423,7 +423,8 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
     config = read_config(ckpt)
     adapter, warm = checkpoint_adapters(ckpt)
     model, tokenizer = load_policy(
-        config["model"], device=device, load_in_4bit=config.get("load_in_4bit"), adapter=adapter,
+        config["model"], device=device, dtype=config.get("dtype", "fp32"), load_in_4bit=config.get("load_in_4bit"),
+        adapter=adapter,
         init_adapter=warm, gradient_checkpointing=gradient_checkpointing, seed=config.get("seed", 0),
     )
     check_finite_parameters(model, ckpt)
@@ -435,7 +436,7 @@ def run_policy(args, ckpt: Path | None, device: str):
     (warm-started with --init-adapter) with a new LoRA adapter. Returns (model, tokenizer)."""
     if ckpt is not None:
         return load_checkpoint_policy(ckpt, device=device, gradient_checkpointing=args.gradient_checkpointing)
-    return load_policy(args.model, device=device, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,
+    return load_policy(args.model, device=device, dtype=args.dtype, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,
                        lora_alpha=args.lora_alpha, init_adapter=args.init_adapter,
                        gradient_checkpointing=args.gradient_checkpointing, seed=args.seed)
 

@@ -21,7 +21,7 @@ from envs import alfworld, history_length, webshop
 from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags
-from rollout import default_model_name
+from rollout import default_model_name, resolve_dtype
 
 WARMSTART = Path(__file__).resolve().parent.parent / "data" / "warmstart" / "smollm2-alfworld"
 PRESETS = {
@@ -76,6 +76,7 @@ def resolve_defaults(args) -> None:
         args.load_in_4bit = cuda and args.model not in ("tiny", "smollm2") and args.init_adapter is None
     if args.gradient_checkpointing is None:
         args.gradient_checkpointing = cuda
+    args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu")  # config.json says which ran
     if args.output_dir is None:
         args.output_dir = f"runs/{args.env}-{args.algo}" + ("-cpu-demo" if args.preset == "cpu-demo" else "")
 
@@ -176,12 +177,17 @@ def check_args(args) -> None:
               "nothing will be learned", file=sys.stderr)
 
 
+def precision(dtype: str) -> str:
+    """What --dtype means, in words (a resumed run keeps its saved dtype; runs before the flag were fp32)."""
+    return {"bf16": "bf16 weights, float32 LoRA, head and loss", "fp32": "float32"}.get(dtype, dtype)
+
+
 def describe(args) -> str:
     """The lines train.py prints before it starts: resumed or new, the preset, what runs where."""
     lines = [f"resuming {args.output_dir} from {args.resume}"] if args.resume else []
     if not args.resume and not torch.cuda.is_available() and args.preset == "cpu-demo":
         lines.append("no GPU found: using the cpu-demo preset (a few short episodes on the shipped games); "
                      "pass --preset gpu on a GPU machine for the full setting")
-    lines.append(f"training {args.algo} on {args.env} with {args.model}: {args.iterations} iterations x {args.groups} "
-                 f"tasks x {args.group_size} rollouts -> {args.output_dir}")
+    lines.append(f"training {args.algo} on {args.env} with {args.model} ({precision(args.dtype)}): {args.iterations} "
+                 f"iterations x {args.groups} tasks x {args.group_size} rollouts -> {args.output_dir}")
     return "\n".join(lines)

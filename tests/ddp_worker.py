@@ -18,6 +18,7 @@ out = Path(sys.argv[1])
 args = train.parse_args(["--model=tiny", "--preset=none", "--groups=4", "--group-size=4", "--max-steps=1",
                          "--max-new-tokens=8", "--minibatches=1", "--micro-batch-rows=2", "--lr=1e-2", "--lora-r=4",
                          "--lora-alpha=8", "--hindsight=expert", "--kl-coef=0.01", "--eval-every=0", "--seed=11",
+                         "--dtype=fp32",  # float32: compared with one process at 1e-6
                          f"--output-dir={out}/run"])
 trainer = train.Trainer(args, env=StubEnv(1))
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}

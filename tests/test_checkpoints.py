@@ -23,12 +23,13 @@ def _logits(model, ids=(5, 9, 14, 3, 77, 12)) -> torch.Tensor:
         return model(input_ids=torch.tensor([list(ids)])).logits
 
 
-def test_eval_and_plain_peft_reproduce_a_tiny_run(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_eval_and_plain_peft_reproduce_a_tiny_run(tmp_path, dtype):
     """A tiny run with seed 7: eval.py's policy, the policy rebuilt for resume and plain peft on
-    the base built with the run's seed all give the trained policy's logits exactly."""
+    the base built with the run's seed (in the run's --dtype) all give the trained policy's logits exactly."""
     args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=2, group_size=2, max_steps=2,
                                    max_new_tokens=6, lora_r=4, lora_alpha=8, eval_every=0, lr=5e-2, seed=7,
-                                   output_dir=str(tmp_path / "run")))
+                                   dtype=dtype, output_dir=str(tmp_path / "run")))
     trainer = train.Trainer(args, env=StubEnv(2))
     train.train(args, trainer)
     trained = _logits(trainer.model)
@@ -36,9 +37,10 @@ def test_eval_and_plain_peft_reproduce_a_tiny_run(tmp_path):
     policy = eval_script.load_model_policy(eval_script.EvalArgs(policy="model", checkpoint=str(ckpt)), ckpt)
     assert torch.equal(_logits(policy.model), trained)
     assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
-    base = build_tiny_model(build_tiny_tokenizer(), seed=7)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    base = build_tiny_model(build_tiny_tokenizer(), seed=7).to(torch_dtype)
     assert torch.equal(_logits(PeftModel.from_pretrained(base, str(ckpt))), trained)
-    other_seed = PeftModel.from_pretrained(build_tiny_model(build_tiny_tokenizer(), seed=0), str(ckpt))
+    other_seed = PeftModel.from_pretrained(build_tiny_model(build_tiny_tokenizer(), seed=0).to(torch_dtype), str(ckpt))
     assert not torch.allclose(_logits(other_seed), trained)  # the seed matters: eval must use the run's
 
 
@@ -56,7 +58,8 @@ def test_warm_started_checkpoint_loads_in_plain_peft_on_the_plain_base(tmp_path)
     warm.save_pretrained(tmp_path / "warm")
     args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=2, group_size=2, max_steps=2,
                                    max_new_tokens=6, lora_r=2, lora_alpha=8, eval_every=0, lr=5e-2, seed=3,
-                                   init_adapter=str(tmp_path / "warm"), output_dir=str(tmp_path / "run")))
+                                   init_adapter=str(tmp_path / "warm"), dtype="fp32",  # float32: compared at 1e-5
+                                   output_dir=str(tmp_path / "run")))
     trainer = train.Trainer(args, env=StubEnv(2))
     train.train(args, trainer)
     trained = _logits(trainer.model)
@@ -82,7 +85,7 @@ def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
                 p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
     trained = _logits(model)
     flags = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(config.WARMSTART), load_in_4bit=False,
-                                    lora_r=4, lora_alpha=8))}
+                                    lora_r=4, lora_alpha=8, dtype="fp32"))}  # the dtype load_policy used above
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     save_policy(model, ckpt, flags, config.WARMSTART)

@@ -38,7 +38,7 @@ def test_two_processes_take_the_one_process_step(tmp_path):
     assert spread & {0, 2} and spread & {1, 3}  # both processes hold a group that trains (else the test is vacuous)
     args = train.parse_args(["--model=tiny", "--preset=none", "--groups=4", "--group-size=4", "--max-steps=1",
                              "--max-new-tokens=8", "--minibatches=1", "--micro-batch-rows=5", "--lr=1e-2",
-                             "--lora-r=4", "--lora-alpha=8", "--hindsight=expert", "--kl-coef=0.01", "--eval-every=0",
+                             "--lora-r=4", "--lora-alpha=8", "--hindsight=expert", "--kl-coef=0.01", "--eval-every=0", "--dtype=fp32",
                              "--seed=11", f"--output-dir={tmp_path}/one"])
     one = train.Trainer(args, env=StubEnv(1))
     lora = {n: p for n, p in one.model.named_parameters() if "lora_" in n}

@@ -4,13 +4,16 @@ import torch
 
 from segments import (
     HINDSIGHT_HEADER,
+    Row,
     action_token_mask,
     add_hindsight,
     build_row,
     build_teacher_row,
     collate_rows,
+    generation_prompt_ids,
     response_segment_ids,
     segment_means,
+    shared_prefix_len,
 )
 
 MESSAGES = [
@@ -44,8 +47,9 @@ def test_row_is_generation_prompt_then_response(which, request):
 
 @pytest.mark.parametrize("which", ["tiny_tokenizer", "smollm2_tokenizer"])
 def test_teacher_row_aligns_with_student(which, request):
-    """The teacher row differs only by the hindsight block at the start of the first user
-    message; its response ids and segment ids over the response are identical."""
+    """The teacher row is the student's context, then the hindsight block as one more user turn,
+    then the header and the same response: its response ids and segment ids over the response are
+    the student's, and it starts with the student's context ids (up to the assistant header)."""
     tok = request.getfixturevalue(which)
     response = tok.encode("<think>x</think><action>look</action>", add_special_tokens=False) + [tok.eos_token_id]
     student = build_row(tok, MESSAGES, response)
@@ -53,11 +57,26 @@ def test_teacher_row_aligns_with_student(which, request):
     assert teacher.response_ids == student.response_ids
     assert teacher.segment_ids[teacher.num_prompt:] == student.segment_ids[student.num_prompt:]
     assert teacher.num_prompt > student.num_prompt
+    # the shared prefix is the whole student context: only the assistant header (ChatML: "assistant\n"
+    # after the turn-start token both rows have) is the student's own
+    context = generation_prompt_ids(tok, MESSAGES)[: shared_prefix_len(student, teacher)]
+    assert tok.decode(student.input_ids[len(context) : student.num_prompt]).strip() == "assistant"
+    assert teacher.input_ids[: len(context)] == context
+    assert tok.decode(teacher.input_ids[len(context) : teacher.num_prompt]).startswith(f"user\n{HINDSIGHT_HEADER}")
     msgs = add_hindsight(MESSAGES, "H")
-    assert msgs[0] == MESSAGES[0]  # system prompt unchanged
-    assert msgs[1]["content"].startswith(HINDSIGHT_HEADER) and msgs[1]["content"].endswith(MESSAGES[1]["content"])
-    assert msgs[2:] == MESSAGES[2:]  # later messages unchanged
+    assert msgs[:-1] == MESSAGES  # every message of the student's context unchanged, in order
+    assert msgs[-1] == {"role": "user", "content": f"{HINDSIGHT_HEADER}\nH"}
     assert MESSAGES[1]["content"].startswith("Your task")  # the input was not mutated
+
+
+def test_shared_prefix_stops_before_either_prompt_ends():
+    """The shared prefix is capped one token before the shorter prompt's end, so every response
+    token is predicted by a position after it (even when one row's prompt is a prefix of the other's)."""
+    a = Row(input_ids=[1, 2, 3, 9, 9], segment_ids=[-1, -1, -1, 0, 0], num_prompt=3)
+    b = Row(input_ids=[1, 2, 3, 4, 5, 9, 9], segment_ids=[-1] * 5 + [0, 0], num_prompt=5)
+    assert shared_prefix_len(a, b) == 2
+    c = Row(input_ids=[1, 7, 3, 4, 5, 9, 9], segment_ids=[-1] * 5 + [0, 0], num_prompt=5)
+    assert shared_prefix_len(b, c) == 1
 
 
 def test_add_hindsight_needs_a_user_message():

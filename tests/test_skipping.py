@@ -49,11 +49,14 @@ def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
     _, part, part_stats, part_w, _ = one_update(tmp_path / "skip", algo, kl, skip=True, trajs=trajs)
     tied = torch.tensor([trajs[i].group != 1 for i, _ in part.steps])  # (B,) rows of the tied groups
     assert tied.any() and (~tied).any()
-    # the same advantages, the same weights after the update, the same update statistics
-    assert torch.equal(full.token_adv, part.token_adv)
+    # the same advantages, the same weights after the update, the same update statistics; the
+    # advantages up to float rounding only: the student+teacher pass pads each micro-batch to its own
+    # widest context (rollout.student_teacher_logprobs), so which rows share a micro-batch moves the last bits
+    assert torch.allclose(full.token_adv, part.token_adv, atol=1e-6, rtol=0)
+    assert torch.equal(full.token_adv == 0, part.token_adv == 0)  # and exactly the same rows move
     assert full_stats["update/optimizer_steps"] == part_stats["update/optimizer_steps"] > 0
-    for n in full_w:
-        assert torch.allclose(full_w[n], part_w[n], atol=1e-6, rtol=0), n
+    for n in full_w:  # 128 Adam steps at lr 1e-2 carry those last bits (~5e-7 in a log-prob) to ~3e-6
+        assert torch.allclose(full_w[n], part_w[n], atol=1e-5, rtol=0), n
     start = {n: p for n, p in load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)[0].named_parameters() if p.requires_grad}
     assert any(not torch.allclose(start[n], part_w[n]) for n in part_w), "the update moved nothing: the test is vacuous"
     for k in full_stats:
@@ -115,12 +118,27 @@ def test_bench_times_both_ways_at_half_the_groups_tied(tmp_path):
     from tools import bench
 
     results = bench.main(["--model", "tiny", "--episodes", "8", "--group-size", "4", "--steps", "2", "--new-tokens", "4",
-                          "--obs-words", "20", "--out", str(tmp_path / "bench.json")])
-    assert results["sharpo"]["skipped"] == "8/8 of 16" and results["sharpo (no skipping)"]["skipped"] == "0/0 of 16"
-    assert results["grpo"]["skipped"] == "8/- of 16"
-    for key in ("sharpo_over_grpo_time", "sharpo_over_grpo_time_no_skipping", "sharpo_skip_over_no_skip_time"):
+                          "--obs-words", "20", "--ways", "new,no-skipping", "--out", str(tmp_path / "bench.json")])
+    assert results["new sharpo"]["skipped"] == "8/8 of 16" and results["no-skipping sharpo"]["skipped"] == "0/0 of 16"
+    assert results["new grpo"]["skipped"] == "8/- of 16"
+    for key in ("sharpo_over_grpo_time_new", "sharpo_over_grpo_time_no-skipping", "sharpo_new_over_no-skipping_time"):
         assert results[key] > 0
     assert (tmp_path / "bench.json").is_file()
+
+
+def test_bench_times_the_old_way_beside_the_new(tmp_path):
+    """tools/bench.py --ways new,old: the old way runs in float32 with whole teacher rows, the new
+    one in the resolved --dtype; both time a teacher pass, and the ratios are reported."""
+    from tools import bench
+    from rollout import resolve_dtype
+
+    results = bench.main(["--model", "tiny", "--episodes", "4", "--group-size", "2", "--steps", "1", "--new-tokens", "4",
+                          "--obs-words", "20"])
+    assert results["old sharpo"]["dtype"] == "fp32" and results["new sharpo"]["dtype"] == resolve_dtype("auto", "cpu")
+    assert results["old sharpo"]["seconds/teacher"] > 0 and results["new sharpo"]["seconds/teacher"] > 0
+    assert results["new grpo"]["seconds/teacher"] == 0
+    for key in ("sharpo_over_grpo_time_new", "sharpo_over_grpo_time_old", "sharpo_new_over_old_time"):
+        assert results[key] > 0
 
 
 def test_samples_show_the_trajectories_that_move_first_and_null_where_the_teacher_was_not_asked(tmp_path):

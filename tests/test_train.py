@@ -31,7 +31,7 @@ def _lora_state(model):
 
 
 def _trainer(args):
-    model, tok = load_policy("tiny", lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
+    model, tok = load_policy("tiny", lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed, dtype=args.dtype)
     return train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(args.max_steps))
 
 

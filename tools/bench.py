@@ -1,14 +1,18 @@
 """Benchmark: seconds per training stage, generated tokens/s, the SHARPO / GRPO time ratio, and
-what skipping the rows whose Ahat is 0 saves.
+what each way of running an iteration costs against another.
 
 A synthetic environment (fixed observations of a set length; in --tied-groups of the groups
 every episode gets reward 0, in the others the rewards alternate 10, 0, so they have spread)
 and forced response lengths (min_new_tokens = max_new_tokens) make the work per iteration the
 same for every algorithm; the env packages are not imported, so it also runs on a GPU machine
-without alfworld. One warm-up iteration, then one timed iteration per algorithm, with skipping
-(train.py's way) and without it (every row scored and in the update, the same result); the
-ratios compare timed iterations of one run. The default --kl-coef 0 is the CPU demo's: with a
-KL term every row stays in the update and only the teacher pass skips rows.
+without alfworld. Per model one warm-up iteration, then one timed iteration per way and
+algorithm; the ratios compare timed iterations of one run. --ways (WAYS below):
+  new          train.py's way: --dtype auto, the teacher continuing from the student's context
+               cache, the rows whose Ahat is 0 skipped;
+  old          before --dtype and the shared context: float32, each teacher row computed whole;
+  no-skipping  new, with every row scored and in the update (the same result).
+The default --kl-coef 0 is the CPU demo's: with a KL term every row stays in the update and
+only the teacher pass skips rows.
 
 Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
 in 4-bit nf4 on CUDA, built from its config with no download; timings do not depend on the weights' values).
@@ -19,6 +23,7 @@ processes, in one run; prints env seconds per reset and per turn and the N/1 rat
 
 Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
+     python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64 --ways new,no-skipping
      python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
      python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
 """
@@ -38,7 +43,7 @@ import train
 from envs import EnvStep, make_env, resolve_workers
 from eval import RandomPolicy
 from infra.cli import UserError, parse_dataclass, run
-from rollout import LORA_TARGETS, build_tiny_tokenizer, load_policy
+from rollout import LORA_TARGETS, build_tiny_tokenizer, load_policy, resolve_dtype
 
 
 @dataclass
@@ -58,6 +63,7 @@ class BenchArgs:
     env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
+    ways: str = "new,old"  # how each iteration runs, comma-separated (WAYS): new (train.py's), old (float32, teacher rows whole), no-skipping
     out: str | None = None  # also write the figures as JSON here
 
 
@@ -190,6 +196,14 @@ def timed_iteration(trainer) -> dict:
     return out
 
 
+# The ways an iteration can be run, each timed in the same bench run (all give the same update up to rounding).
+WAYS = {
+    "new": dict(dtype="auto", reuse_context=True, skip_rows=True),  # train.py's way
+    "old": dict(dtype="fp32", reuse_context=False, skip_rows=True),  # before --dtype and the shared context: float32, teacher rows whole
+    "no-skipping": dict(dtype="auto", reuse_context=True, skip_rows=False),  # every row scored and in the update
+}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
     if args.env == "alfworld":
@@ -200,47 +214,55 @@ def main(argv: list[str] | None = None) -> dict:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
         return results
-    algos = args.algos.split(",")
-    if args.model == "qwen7b-shape":
-        if not torch.cuda.is_available():
-            raise UserError("--model qwen7b-shape needs a CUDA GPU (about 6 GB of weights in 4-bit)")
-        model, tokenizer = qwen7b_shape_model()
-    else:
-        model, tokenizer = load_policy(args.model, lora_r=8, lora_alpha=16)
+    algos, ways = args.algos.split(","), args.ways.split(",")
+    if unknown := [w for w in ways if w not in WAYS]:
+        raise UserError(f"--ways: unknown {', '.join(unknown)}; choose from {', '.join(WAYS)}")
     groups = max(1, args.episodes // args.group_size)
-    results, warm = {}, False
-    for algo in algos:
-        flags = dict(preset="none", model=args.model, algo=algo, groups=groups, group_size=args.group_size,
-                     max_steps=args.steps, max_new_tokens=args.new_tokens,
-                     micro_batch_rows=args.micro_batch_rows, kl_coef=args.kl_coef, hindsight="expert",
-                     eval_every=0, iterations=2, output_dir="/tmp/sharpo-bench")
-        targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
-        targs.min_new_tokens = args.new_tokens  # forced lengths: fine for timing, refused by train.py's flags
-        trainer = train.Trainer(targs, model=model, tokenizer=tokenizer,
-                                env=SyntheticEnv(args.steps, args.obs_words, args.group_size, args.tied_groups))
-        if not warm:
-            trainer.iteration()  # warm-up
-            warm = True
-        for skip in (True, False):
-            trainer.skip_rows = skip
-            results[algo if skip else f"{algo} (no skipping)"] = timed_iteration(trainer)
+    results, models, warm = {}, {}, set()
+    for way in ways:
+        setting = WAYS[way]
+        if args.model == "qwen7b-shape":  # bf16 with nf4 weights whatever the way: only the teacher pass differs
+            if not torch.cuda.is_available():
+                raise UserError("--model qwen7b-shape needs a CUDA GPU (about 6 GB of weights in 4-bit)")
+            dtype = "bf16"
+            models[dtype] = models.get(dtype) or qwen7b_shape_model()
+        else:
+            dtype = resolve_dtype(setting["dtype"], "cuda" if torch.cuda.is_available() else "cpu")
+            models[dtype] = models.get(dtype) or load_policy(args.model, lora_r=8, lora_alpha=16, dtype=dtype)
+        model, tokenizer = models[dtype]
+        for algo in algos:
+            flags = dict(preset="none", model=args.model, algo=algo, groups=groups, group_size=args.group_size,
+                         max_steps=args.steps, max_new_tokens=args.new_tokens, dtype=dtype,
+                         micro_batch_rows=args.micro_batch_rows, kl_coef=args.kl_coef, hindsight="expert",
+                         eval_every=0, iterations=2, output_dir="/tmp/sharpo-bench")
+            targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
+            targs.min_new_tokens = args.new_tokens  # forced lengths: fine for timing, refused by train.py's flags
+            trainer = train.Trainer(targs, model=model, tokenizer=tokenizer,
+                                    env=SyntheticEnv(args.steps, args.obs_words, args.group_size, args.tied_groups))
+            trainer.skip_rows, trainer.reuse_context = setting["skip_rows"], setting["reuse_context"]
+            if dtype not in warm:
+                trainer.iteration()  # warm-up, once per model
+                warm.add(dtype)
+            results[f"{way} {algo}"] = {"dtype": dtype, **timed_iteration(trainer)}
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
           f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}")
+    print("  ways: " + "; ".join(f"{w} = {WAYS[w]}" for w in ways))
     stages = ["rollout", "segments", "student", "teacher", "reference", "update", "iteration"]
-    print(f"  {'algo':22s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}{'peak GB':>9s}"
-          + f"{'skipped rows':>14s}")
-    for algo, r in results.items():
-        print(f"  {algo:22s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)
+    print(f"  {'way / algo':22s}{'dtype':>6s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}"
+          f"{'peak GB':>9s}{'skipped rows':>14s}")
+    for name, r in results.items():
+        print(f"  {name:22s}{r['dtype']:>6s}" + "".join(f"{r['seconds/' + s]:10.2f}s" for s in stages)
               + f"{r['tokens_per_s_generate']:11.1f}{r['peak_memory_gb']:9.2f}{r['skipped']:>14s}")
-    for algo in algos:
-        ratio = results[algo]["seconds/iteration"] / results[f"{algo} (no skipping)"]["seconds/iteration"]
-        results[f"{algo}_skip_over_no_skip_time"] = ratio
-        print(f"  {algo}: with skipping / without: {ratio:.2f}x")
-    if "sharpo" in results and "grpo" in results:
-        for mode in ("", " (no skipping)"):
-            ratio = results["sharpo" + mode]["seconds/iteration"] / results["grpo" + mode]["seconds/iteration"]
-            results["sharpo_over_grpo_time" + mode.replace(" (no skipping)", "_no_skipping")] = ratio
-            print(f"  SHARPO / GRPO iteration time{mode}: {ratio:.2f}x (the teacher pass is the difference)")
+    for way in ways[1:]:  # each way against the first one named
+        for algo in algos:
+            ratio = results[f"{ways[0]} {algo}"]["seconds/iteration"] / results[f"{way} {algo}"]["seconds/iteration"]
+            results[f"{algo}_{ways[0]}_over_{way}_time"] = ratio
+            print(f"  {algo}: {ways[0]} / {way} iteration time: {ratio:.2f}x")
+    if "sharpo" in algos and "grpo" in algos:
+        for way in ways:
+            ratio = results[f"{way} sharpo"]["seconds/iteration"] / results[f"{way} grpo"]["seconds/iteration"]
+            results[f"sharpo_over_grpo_time_{way}"] = ratio
+            print(f"  SHARPO / GRPO iteration time, {way}: {ratio:.2f}x (the teacher pass is the difference)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

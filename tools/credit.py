@@ -58,7 +58,7 @@ from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import WARMSTART
-from rollout import ModelPolicy, load_policy, play_episodes, rows_logprobs
+from rollout import ModelPolicy, load_policy, play_episodes, resolve_dtype, rows_logprobs
 from segments import (
     EXPERT_HEADLINE,
     Trajectory,
@@ -81,6 +81,7 @@ class CreditArgs:
     env: Literal["alfworld", "webshop"] = "alfworld"  # environment
     model: str | None = None  # HF id or path, "smollm2" or "tiny"; default: smollm2 without a GPU, else Qwen2.5-7B
     init_adapter: str | None = None  # warm start merged first; default: the shipped one for smollm2 on alfworld
+    dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); a checkpoint keeps its run's
     checkpoint: str | None = None  # score with a train.py run's policy instead (a run folder or checkpoint)
     data_dir: str | None = None  # env data folder; default: the shipped data
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
@@ -285,7 +286,7 @@ def load(args: CreditArgs):
         if init is None and name == "smollm2" and args.env == "alfworld":
             init = str(WARMSTART)
         model, tokenizer = load_policy(name, init_adapter=None if init in (None, "none") else init,
-                                       lora_r=8, lora_alpha=16)
+                                       lora_r=8, lora_alpha=16, dtype=args.dtype)
     model.eval()
     workers = resolve_workers(args.env_workers, args.games * args.group_size if args.games else 8)
     env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps, workers=workers)
@@ -454,6 +455,7 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
+    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # credit.json says which ran
     problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows"),
                              non_negative=("games", "max_steps"))
     try:

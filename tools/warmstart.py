@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from envs import extract_action, history_length, make_env
 from eval import pick_games
 from infra.cli import parse_dataclass, run
-from rollout import ModelPolicy, load_policy, response_logprobs, save_adapter
+from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
 
 
@@ -62,6 +62,7 @@ class WarmstartArgs:
     lr: float = 1e-3  # AdamW learning rate of the LoRA weights
     lora_r: int = 4  # LoRA rank of the warm-start adapter (small: it is shipped)
     lora_alpha: int = 8  # LoRA alpha
+    dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); the adapter is saved in float32
     seed: int = 0  # seed for the row order and LoRA init
     out: str = "data/warmstart/smollm2-alfworld"  # where the adapter is saved
     check: str | None = None  # measure this adapter (see the docstring) on --split instead of training
@@ -171,11 +172,12 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
+    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # saved as it ran
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     if args.check:
         model, tokenizer = load_policy(args.model, init_adapter=args.check if args.check != "none" else None,
-                                       lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
+                                       lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed, dtype=args.dtype)
         model.eval()
         env = make_env(args.env, data_dir=args.data_dir)
         result = reading_check(model, tokenizer, env, pick_games(env, args.split, args.check_games),
@@ -183,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
         env.close()
         print(json.dumps({"adapter": args.check, "split": args.split, **result}, indent=1))
         return
-    model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed)
+    model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed,
+                                   dtype=args.dtype)
     env = make_env(args.env, data_dir=args.data_dir)
     rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed)
     env.close()

@@ -100,6 +100,6 @@ def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str) -
 
 def hindsight_messages(messages: list[dict], actions: list[str],
                        headline: str = SIBLING_HEADLINE) -> list[dict]:
-    """The teacher's chat messages: the hindsight block (a plan, numbered) put in front of the
-    first user message, as train.py's teacher sees it (segments.add_hindsight)."""
+    """The teacher's chat messages: the student's, then the hindsight block (a plan, numbered) as
+    one more user turn, as train.py's teacher sees it (segments.add_hindsight)."""
     return add_hindsight(messages, format_plan(headline, actions))

@@ -93,7 +93,8 @@ def test_disagreeing_step_rewards_are_an_error_and_hindsight_prompt():
     with pytest.raises(ValueError, match="different rewards"):
         sharpo_advantages(data, layout="per_step")
     messages = hindsight_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}], ["look", "go"])
-    assert messages[0]["content"] == "s" and messages[1]["content"].endswith("1. look\n2. go\n\ntask")
+    assert messages[:2] == [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    assert messages[2]["role"] == "user" and messages[2]["content"].endswith("1. look\n2. go")
 
 
 def test_the_teacher_is_needed_only_where_the_advantage_is_not_zero():

@@ -1,0 +1,92 @@
+"""The log-prob passes (rollout.py): the teacher continues from the student's context cache, and
+bf16 computes what float32 does, within its precision (METHOD.md sections 2 and 5)."""
+import pytest
+import torch
+
+from rollout import load_policy, rows_logprobs, student_teacher_logprobs
+from segments import build_row, build_teacher_row
+
+torch.set_num_threads(1)
+
+# contexts of different lengths (so the shared prefixes are left-padded by different amounts),
+# responses of different lengths, hindsight blocks of different lengths
+CONTEXTS = [
+    [{"role": "user", "content": "Your task is to: put a mug in coffeemachine 1."}],
+    [{"role": "system", "content": "You play a text game."},
+     {"role": "user", "content": "Your task is to: clean a knife and put it in drawer 2. You see a sinkbasin 1, a drawer 2."},
+     {"role": "assistant", "content": "<think>go</think><action>go to sinkbasin 1</action>"},
+     {"role": "user", "content": "You arrive at sinkbasin 1. On it, you see a knife 1."}],
+    [{"role": "user", "content": "Task: look. Observation: you are in the middle of a room."}],
+]
+RESPONSES = ["<think>the mug</think><action>take mug 1 from countertop 1</action>", "<think>x</think><action>look</action>",
+             "<think>I should go to the cabinet first and open it</think><action>go to cabinet 1</action>"]
+BLOCKS = ["1. go to countertop 1\n2. take mug 1 from countertop 1", "1. look", "1. go to cabinet 1\n2. open cabinet 1\n3. look"]
+
+
+def rows_and_teacher_rows(tok):
+    responses = [tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in RESPONSES]
+    rows = [build_row(tok, m, r) for m, r in zip(CONTEXTS, responses)]
+    teacher_rows = [build_teacher_row(tok, m, r, h) for m, r, h in zip(CONTEXTS, responses, BLOCKS)]
+    return rows, teacher_rows
+
+
+@pytest.mark.parametrize("micro_batch_rows", [1, 2, 3])
+def test_cached_logprobs_equal_a_plain_forward_over_the_full_rows(micro_batch_rows):
+    """Student and teacher log-probs from one pass over the shared context (left-padded rows of
+    different lengths, the teacher continuing from the cache) equal the plain forward over each
+    full row, float32, atol 1e-4; rows left out stay 0."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1)
+    with torch.no_grad():  # a LoRA that is not zero, so the adapter's path is in the comparison too
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.eval()
+    rows, teacher_rows = rows_and_teacher_rows(tok)
+    T = max(len(r.response_ids) for r in rows)
+    student = torch.tensor([True, True, True])
+    taught = torch.tensor([True, False, True])
+    logp_s, logp_t = student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, micro_batch_rows, 1.0, T,
+                                              student=student, taught=taught)
+    full_s = rows_logprobs(model, rows, tok.pad_token_id, 1, 1.0, T)
+    full_t = rows_logprobs(model, [r for r in teacher_rows], tok.pad_token_id, 1, 1.0, T)
+    assert torch.allclose(logp_s, full_s, atol=1e-4, rtol=0), (logp_s - full_s).abs().max()
+    assert torch.allclose(logp_t[taught], full_t[taught], atol=1e-4, rtol=0), (logp_t - full_t)[taught].abs().max()
+    assert logp_t[~taught].abs().sum() == 0  # not asked: not computed
+    assert (logp_s != 0).sum() == sum(len(r.response_ids) for r in rows)  # every response token scored, no padding
+    assert (full_t[taught] - full_s[taught]).abs().max() > 1e-3  # the block changes the log-probs: the test can fail
+
+
+def test_the_teacher_only_runs_on_rows_the_student_pass_computed():
+    """A taught row outside the student rows is refused (it would read a cache that was never
+    made); rows outside `student` stay 0."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
+    rows, teacher_rows = rows_and_teacher_rows(tok)
+    T = max(len(r.response_ids) for r in rows)
+    with pytest.raises(ValueError, match="taught row must also be a student row"):
+        student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T,
+                                 student=torch.tensor([True, False, True]), taught=torch.tensor([False, True, False]))
+    logp_s, logp_t = student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T,
+                                              student=torch.tensor([True, False, True]),
+                                              taught=torch.tensor([True, False, False]))
+    assert logp_s[1].abs().sum() == 0 and logp_t[1:].abs().sum() == 0
+    assert logp_s[0].abs().sum() > 0 and logp_t[0].abs().sum() > 0
+
+
+def test_bf16_weights_keep_the_lora_in_float32_and_score_in_float32():
+    """--dtype bf16: the base weights are bf16, the trained LoRA weights float32, the log-probs
+    float32, and they agree with float32's within bf16's precision (cached and plain alike)."""
+    fp32, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="fp32")
+    bf16, _ = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
+    kinds = {p.dtype for n, p in bf16.named_parameters() if "lora_" not in n}
+    assert kinds == {torch.bfloat16}
+    assert {p.dtype for p in bf16.parameters() if p.requires_grad} == {torch.float32}
+    rows, teacher_rows = rows_and_teacher_rows(tok)
+    T = max(len(r.response_ids) for r in rows)
+    every = torch.ones(3, dtype=torch.bool)
+    ref_s, ref_t = student_teacher_logprobs(fp32, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T, every, every)
+    got_s, got_t = student_teacher_logprobs(bf16, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T, every, every)
+    plain = rows_logprobs(bf16, rows, tok.pad_token_id, 2, 1.0, T)
+    assert got_s.dtype == torch.float32
+    assert (got_s - ref_s).abs().max() < 0.05 and (got_t - ref_t).abs().max() < 0.05
+    assert (got_s - plain).abs().max() < 0.05
+    assert (got_s - ref_s).abs().max() > 0  # bf16 did run: the figures are not float32's
