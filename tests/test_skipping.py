@@ -128,12 +128,12 @@ def test_bench_times_both_ways_at_half_the_groups_tied(tmp_path):
 
 def test_bench_times_the_old_way_beside_the_new(tmp_path):
     """tools/bench.py --ways new,old: the old way runs in float32 with whole teacher rows, the new
-    one in the resolved --dtype; both time a teacher pass, and the ratios are reported."""
+    one in the resolved --dtype; both time a teacher pass (medians of 2 repeats), and the ratios are reported."""
     from tools import bench
     from rollout import resolve_dtype
 
     results = bench.main(["--model", "tiny", "--episodes", "4", "--group-size", "2", "--steps", "1", "--new-tokens", "4",
-                          "--obs-words", "20"])
+                          "--obs-words", "20", "--repeats", "2"])
     assert results["old sharpo"]["dtype"] == "fp32" and results["new sharpo"]["dtype"] == resolve_dtype("auto", "cpu")
     assert results["old sharpo"]["seconds/teacher"] > 0 and results["new sharpo"]["seconds/teacher"] > 0
     assert results["new grpo"]["seconds/teacher"] == 0

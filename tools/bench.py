@@ -5,8 +5,9 @@ A synthetic environment (fixed observations of a set length; in --tied-groups of
 every episode gets reward 0, in the others the rewards alternate 10, 0, so they have spread)
 and forced response lengths (min_new_tokens = max_new_tokens) make the work per iteration the
 same for every algorithm; the env packages are not imported, so it also runs on a GPU machine
-without alfworld. Per model one warm-up iteration, then one timed iteration per way and
-algorithm; the ratios compare timed iterations of one run. --ways (WAYS below):
+without alfworld. Per model one warm-up iteration, then --repeats timed iterations per way and
+algorithm, interleaved (every way and algorithm once, then again), each figure their median; the
+ratios compare timed iterations of one run. --ways (WAYS below):
   new          train.py's way: --dtype auto, the teacher continuing from the student's context
                cache, the rows whose Ahat is 0 skipped;
   old          before --dtype and the shared context: float32, each teacher row computed whole;
@@ -30,6 +31,7 @@ Run: python -m tools.bench --model tiny
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -63,6 +65,7 @@ class BenchArgs:
     env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
+    repeats: int = 1  # timed iterations per way and algorithm (interleaved); the figures are their medians
     ways: str = "new,old"  # how each iteration runs, comma-separated (WAYS): new (train.py's), old (float32, teacher rows whole), no-skipping
     out: str | None = None  # also write the figures as JSON here
 
@@ -204,6 +207,15 @@ WAYS = {
 }
 
 
+def median_timing(runs: list[dict]) -> dict:
+    """The median of each number over repeated timed iterations (the last run's other fields)."""
+    out = dict(runs[-1])
+    for key, value in out.items():
+        if isinstance(value, (int, float)):
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
     if args.env == "alfworld":
@@ -215,10 +227,12 @@ def main(argv: list[str] | None = None) -> dict:
                 json.dump(results, f, indent=1)
         return results
     algos, ways = args.algos.split(","), args.ways.split(",")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1; got {args.repeats}")
     if unknown := [w for w in ways if w not in WAYS]:
         raise UserError(f"--ways: unknown {', '.join(unknown)}; choose from {', '.join(WAYS)}")
     groups = max(1, args.episodes // args.group_size)
-    results, models, warm = {}, {}, set()
+    trainers, models, warm = {}, {}, set()
     for way in ways:
         setting = WAYS[way]
         if args.model == "qwen7b-shape":  # bf16 with nf4 weights whatever the way: only the teacher pass differs
@@ -243,9 +257,15 @@ def main(argv: list[str] | None = None) -> dict:
             if dtype not in warm:
                 trainer.iteration()  # warm-up, once per model
                 warm.add(dtype)
-            results[f"{way} {algo}"] = {"dtype": dtype, **timed_iteration(trainer)}
+            trainers[f"{way} {algo}"] = (dtype, trainer)
+    timings = {name: [] for name in trainers}
+    for _ in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every way alike
+        for name, (_, trainer) in trainers.items():
+            timings[name].append(timed_iteration(trainer))
+    results = {name: {"dtype": trainers[name][0], **median_timing(runs)} for name, runs in timings.items()}
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
-          f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}")
+          f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}, "
+          f"median of {args.repeats} timed iteration(s) each")
     print("  ways: " + "; ".join(f"{w} = {WAYS[w]}" for w in ways))
     stages = ["rollout", "segments", "student", "teacher", "reference", "update", "iteration"]
     print(f"  {'way / algo':22s}{'dtype':>6s}" + "".join(f"{s:>11s}" for s in stages) + f"{'gen tok/s':>11s}"
