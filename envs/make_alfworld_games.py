@@ -175,11 +175,60 @@ def folder_name(game: dict, index: int) -> str:
     return f"{game['task_type']}-{game['obj']}-None-{game.get('parent') or game.get('toggle')}-{900 + index}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "data" / "alfworld"), help="data folder (json_2.1.1 goes inside)")
-    args = ap.parse_args()
-    os.environ.setdefault("ALFWORLD_DATA", args.out)  # keep alfworld from creating ~/.cache/alfworld
+# The learning set (data/alfworld-learn): rooms drawn at random from these classes, for the two
+# short task families (plans of 3-4 steps), so that a 135M model can learn on 2 cores in minutes.
+# train (RL) and valid_seen (held out) are drawn from the same classes, and so are the games of
+# data/alfworld-learn-warmstart (its split train), on which the learning set's warm start is
+# cloned; no room appears twice across the three.
+LEARN_OBJECTS = ("Mug", "Apple", "Book", "KeyChain", "Pen", "Pencil", "CD", "Cup", "Bowl", "Plate", "Pillow",
+                 "RemoteControl", "Vase", "Fork", "Spoon", "Tomato", "Potato", "Egg", "Bread", "AlarmClock",
+                 "CellPhone", "CreditCard", "Watch", "Candle", "SoapBar", "Newspaper")
+LEARN_RECEPTACLES = ("CounterTop", "DiningTable", "Shelf", "Desk", "SideTable", "Bed", "Sofa", "ArmChair",
+                     "CoffeeTable", "Dresser", "TVStand", "GarbageCan", "Ottoman")
+LEARN_SPLITS = {"train": 64, "valid_seen": 32, "warmstart": 16}  # games per split ("warmstart": its own folder)
+LEARN_FAMILIES = ("pick_and_place_simple", "look_at_obj_in_light")
+
+
+def random_game(rng: random.Random, split: str, task_type: str) -> dict:
+    """One room of 2-3 open receptacles: the target object on one, a distractor or two, and the
+    place to put it (pick_and_place_simple) or a desk lamp (look_at_obj_in_light) on another."""
+    recs = rng.sample(LEARN_RECEPTACLES, rng.choice((2, 3)))
+    obj = rng.choice(LEARN_OBJECTS)
+    room = {r: [] for r in recs}
+    room[recs[0]].append(obj)
+    for r in recs:  # distractors: other classes, so the target is never ambiguous
+        if rng.random() < 0.6:
+            room[r].append(rng.choice([o for o in LEARN_OBJECTS if o != obj]))
+    game = dict(split=split, task_type=task_type, obj=obj)
+    if task_type == "pick_and_place_simple":
+        game["parent"] = recs[1]
+    else:
+        game["toggle"] = "DeskLamp"
+        room[rng.choice(recs)].append("DeskLamp")
+    for r in room.values():
+        rng.shuffle(r)
+    game["room"] = [(r, room[r]) for r in rng.sample(recs, len(recs))]  # the target is not always first
+    return game
+
+
+def learn_games(seed: int = 0) -> list[dict]:
+    """LEARN_SPLITS games, half of each family per split, every room distinct across splits."""
+    rng, seen, games = random.Random(seed), set(), []
+    for split, n in LEARN_SPLITS.items():
+        for i in range(n):
+            while True:
+                game = random_game(rng, split, LEARN_FAMILIES[i % len(LEARN_FAMILIES)])
+                key = json.dumps([game["task_type"], game["obj"], game.get("parent"), game["room"]])
+                if key not in seen:
+                    seen.add(key)
+                    games.append(game)
+                    break
+    return games
+
+
+def write_games(games: list[dict], out: Path, stamp: str) -> None:
+    """Write each game folder under out/json_2.1.1, with a planner walkthrough checked on the engine."""
+    os.environ.setdefault("ALFWORLD_DATA", str(out))  # keep alfworld from creating ~/.cache/alfworld
     import alfworld.info
     from alfworld.agents.utils.misc import add_task_to_grammar
 
@@ -187,11 +236,11 @@ def main() -> None:
 
     domain = Path(alfworld.info.ALFRED_PDDL_PATH).read_text()
     grammar = Path(alfworld.info.ALFRED_TWL2_PATH).read_text()
-    base = Path(args.out) / "json_2.1.1"
+    base = out / "json_2.1.1"
     if base.exists():
         shutil.rmtree(base)
-    for i, game in enumerate(GAMES):
-        trial = f"trial_T20261130_{i:06d}_sharpo"
+    for i, game in enumerate(games):
+        trial = f"trial_{stamp}_{i:06d}_sharpo"
         folder = base / game["split"] / folder_name(game, i) / trial
         folder.mkdir(parents=True)
         traj = traj_data(game, trial)
@@ -204,6 +253,22 @@ def main() -> None:
         gamedata["solvable"], gamedata["walkthrough"] = won, plan
         (folder / "game.tw-pddl").write_text(json.dumps(gamedata))
         print(f"{'won ' if won else 'LOST'} {len(plan):2d} steps  {folder.relative_to(base)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", choices=("shipped", "learn"), default="shipped",
+                    help="shipped: the hand-made games of data/alfworld; learn: the random rooms of data/alfworld-learn")
+    ap.add_argument("--out", default=None, help="data folder (json_2.1.1 goes inside); default: data/alfworld[-learn]")
+    args = ap.parse_args()
+    if args.set == "shipped":
+        write_games(GAMES, Path(args.out or ROOT / "data" / "alfworld"), "T20261130")
+    else:
+        out = Path(args.out or ROOT / "data" / "alfworld-learn")
+        games = learn_games()
+        write_games([g for g in games if g["split"] != "warmstart"], out, "L20261201")
+        warm = [{**g, "split": "train"} for g in games if g["split"] == "warmstart"]
+        write_games(warm, out.with_name(out.name + "-warmstart"), "W20261201")
 
 
 if __name__ == "__main__":

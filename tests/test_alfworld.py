@@ -45,6 +45,34 @@ def test_shipped_games_cover_all_task_types_and_are_small():
     assert len(short) >= 3
 
 
+def test_learning_set_is_what_its_generator_draws_and_its_splits_share_no_room():
+    """data/alfworld-learn (64 train, 32 held out) and data/alfworld-learn-warmstart (16) are the
+    rooms envs/make_alfworld_games.py draws, every game solvable in 3-4 steps, each room in one
+    split only, the two short task families in every split."""
+    from envs.make_alfworld_games import LEARN_SPLITS, learn_games, pddl_problem
+
+    data = SHIPPED_DATA.parent
+    folders = {"train": (data / "alfworld-learn", "train"), "valid_seen": (data / "alfworld-learn", "valid_seen"),
+               "warmstart": (data / "alfworld-learn-warmstart", "train")}
+    specs, problems = learn_games(), set()
+    for split, n in LEARN_SPLITS.items():
+        root, name = folders[split]
+        games = find_games(root, name)
+        assert len(games) == n
+        mine = [g for g in specs if g["split"] == split]
+        types = set()
+        for game in games:
+            gamedata = json.loads((root / "json_2.1.1" / game / "game.tw-pddl").read_text())
+            assert gamedata["solvable"] and 3 <= len(gamedata["walkthrough"]) <= 4
+            problem = gamedata["pddl_problem"].split("(:objects", 1)[1]
+            assert problem not in problems  # no room twice, across the three
+            problems.add(problem)
+            types.add(json.loads((root / "json_2.1.1" / game / "traj_data.json").read_text())["task_type"])
+        assert types == {"pick_and_place_simple", "look_at_obj_in_light"}
+        drawn = {pddl_problem(g, "x").split("(:objects", 1)[1] for g in mine}
+        assert drawn <= problems  # the folders hold exactly what the generator draws
+
+
 def test_walkthrough_wins_and_a_wrong_sequence_does_not(env):
     """Replaying a shipped game's stored walkthrough on the engine wins; the same actions
     in a wrong order (put before take) do not."""
