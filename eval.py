@@ -14,6 +14,7 @@ Metrics (printed as a table and written as JSON):
   mean_steps        mean episode length in env steps
   invalid_rate      invalid actions / all steps
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
+  games             (JSON only) each game's outcome: won, steps (for intervals paired over games)
 
 Run: python eval.py --env alfworld --policy expert            (the shipped games; --data-dir DIR --split valid_seen for real ones)
      python eval.py --policy model --model smollm2 --init-adapter data/warmstart/smollm2-alfworld   (the CPU warm start)
@@ -142,15 +143,16 @@ def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_si
 
 
 def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, history_len: int | None,
-                      max_new_tokens: int) -> dict:
+                      max_new_tokens: int) -> tuple[dict, dict]:
     """train.py's periodic evaluation: greedy play of num_games games of `split` (None: the env's
-    eval split), round-robin over task types; returns the metrics keyed "eval/<name>". The
-    caller's RNG state is left as it was."""
+    eval split), round-robin over task types; returns (the metrics keyed "eval/<name>", each
+    game's outcome as eval.py's JSON has it). The caller's RNG state is left as it was."""
     games = pick_games(env, split or env.default_eval_split, num_games)
     policy = ModelPolicy(model, tokenizer, max_new_tokens, temperature=0.0)
     with torch.random.fork_rng(devices=[]):
-        metrics, _ = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
-    return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+        metrics, trajs = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
+    return ({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+            {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs})
 
 
 def print_table(metrics: dict, title: str) -> None:
@@ -205,8 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         policy = load_model_policy(args, ckpt)
     t0 = time.perf_counter()
-    metrics, _ = evaluate(env, policy, task_ids, history_len, args.batch_size)
+    metrics, trajs = evaluate(env, policy, task_ids, history_len, args.batch_size)
     metrics["wall_seconds"] = time.perf_counter() - t0
+    metrics["games"] = {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs}  # for paired intervals
     metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
     print_table(metrics, f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else ""))

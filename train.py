@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -55,7 +56,7 @@ class TrainArgs:
 
     env: Literal["alfworld", "webshop"] = "alfworld"  # environment
     algo: Literal["sharpo", "grpo", "rlsd", "stepopsd", "sdar", "gigpo"] = "sharpo"  # credit assignment (METHOD.md)
-    preset: Literal["auto", "gpu", "cpu-demo", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu
+    preset: Literal["auto", "gpu", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; cpu-learn: a CPU run that learns
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU or a CPU with AVX512-BF16/AMX, else fp32
@@ -98,7 +99,7 @@ class TrainArgs:
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
-    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo]; with --resume: that run's
+    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo|-cpu-learn]; with --resume: that run's
     resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
     seed: int = 0  # seed for task sampling, generation and LoRA init
     min_new_tokens: int = 0  # forced response length, for tools/bench.py only: train.py refuses it (off-policy)
@@ -325,12 +326,19 @@ class Trainer:
         return {**{f"update/{k}": v / max(steps_taken, 1) for k, v in sums.items()},
                 "update/optimizer_steps": steps_taken, "update/skipped_steps": skipped}
 
-    def evaluate(self) -> dict:
+    def evaluate(self) -> tuple[dict, dict]:
+        """(the eval/... metrics of the line, the record eval.py would write: metrics, each game, config)."""
         args = self.args
         self.eval_env = self.eval_env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
                                                   workers=resolve_workers(args.env_workers, args.eval_games))
-        return greedy_evaluation(self.eval_env, self.model, self.tokenizer, args.eval_split, args.eval_games,
-                                 self.history_len, args.max_new_tokens)
+        split, start = args.eval_split or self.eval_env.default_eval_split, time.perf_counter()
+        line, games = greedy_evaluation(self.eval_env, self.model, self.tokenizer, split, args.eval_games,
+                                        self.history_len, args.max_new_tokens)
+        record = {**{k.removeprefix("eval/"): v for k, v in line.items()}, "games": games,
+                  "config": {"env": args.env, "split": split, "policy": "model", "iteration": self.iteration_done,
+                             "checkpoint": None, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens}}
+        line["seconds/eval"] = record["wall_seconds"] = time.perf_counter() - start
+        return line, record
 
     def close(self) -> None:
         self.env.close()
@@ -351,11 +359,16 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     run.start(asdict(args), trainer.iteration_done)  # [run]
     tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args)) if dist.main else None  # [run]
     history = []
+    recent = [line["success"] for line in run.logged()[-metrics.RECENT:]] if dist.main else []  # [run] resumed: its last ones
     while trainer.iteration_done < args.iterations:
         line, samples = trainer.iteration()
         it = trainer.iteration_done
+        recent = (recent + [line["success"]])[-metrics.RECENT:]  # [run] over more tasks than one iteration draws
+        line["success_recent"] = sum(recent) / len(recent)
         if args.eval_every and it % args.eval_every == 0 and dist.main:
-            line.update(trainer.evaluate())
+            evaluation, record = trainer.evaluate()
+            line.update(evaluation)
+            run.save_evaluation(it, record)  # [run] each game's outcome, in eval.py's format
         run.log(line, samples)  # [run]
         dashboard.log(tracker, line)  # [run] --report-to: the same line, live
         if it % args.save_every == 0 or it == args.iterations:  # [run] a checkpoint, then `latest`

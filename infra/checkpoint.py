@@ -3,6 +3,7 @@
 A run folder (train.py --output-dir):
     config.json                  the resolved flags of the run (replaced atomically, never half-written)
     metrics.jsonl, samples.jsonl one JSON line per iteration (append-only; a torn last line is dropped at resume)
+    eval_<env>_<split>_iter-000004.json   each in-loop evaluation (--eval-every), in eval.py's format
     checkpoints/iter-000007/     complete checkpoints, the last --keep-checkpoints of them
     latest -> checkpoints/iter-000007   a symlink, replaced atomically once that checkpoint is complete
 
@@ -239,12 +240,26 @@ class RunFolder:
             trim_log(self.metrics, iteration_done)  # a resumed run's log reads as if it had never stopped
             trim_log(self.samples, iteration_done)
 
+    def logged(self) -> list[dict]:
+        """The metrics lines on disk (after `start`: those of the iterations up to the restored one)."""
+        if not self.metrics.exists():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+
     def log(self, metrics: dict, samples: list[dict]) -> None:
         if self.main:
             append_jsonl(self.metrics, [metrics])
             crash_point("metrics logged")
             append_jsonl(self.samples, samples)
             crash_point("samples logged")
+
+    def save_evaluation(self, iteration: int, record: dict) -> Path | None:
+        """An in-loop evaluation as eval.py writes one: eval_<env>_<split>_iter-NNNNNN.json."""
+        if not self.main:
+            return None
+        path = self.path / f"eval_{record['config']['env']}_{record['config']['split']}_iter-{iteration:06d}.json"
+        write_atomic(path, json.dumps(record, indent=1))
+        return path
 
     def save(self, iteration: int, model, optimizer, task_rng: random.Random, config: dict,
              warmstart: Path | None, keep: int) -> Path | None:

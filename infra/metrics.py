@@ -157,8 +157,14 @@ def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
     return records
 
 
+RECENT = 5  # iterations in the moving success rate `success_recent`
+
+
 def progress_line(m: dict) -> str:
-    parts = [f"iter {m['iteration']}", f"success {m['success']:.2f}", f"reward {m['mean_reward']:+.2f}",
+    parts = [f"iter {m['iteration']}", f"success {m['success']:.2f}"]
+    if "success_recent" in m:
+        parts.append(f"last {RECENT} {m['success_recent']:.2f}")
+    parts += [f"reward {m['mean_reward']:+.2f}",
              f"invalid {m['invalid_rate']:.2f}", f"spread {m['groups_with_spread']:.2f}"]
     if "mult_mean" in m:
         parts.append(f"mult {m['mult_mean']:.3f}±{m['mult_std']:.3f} bound {m['mult_at_bound']:.2f}")

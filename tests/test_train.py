@@ -95,6 +95,27 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
 
 
+def test_in_loop_evaluations_are_saved_and_the_moving_success_spans_iterations(tmp_path):
+    """--eval-every writes each evaluation into the run folder in eval.py's format (every game's
+    outcome, the iteration, the limits), and success_recent is the mean success of the last
+    metrics.RECENT iterations, the resumed ones included."""
+    args = _args(tmp_path, iterations=3, eval_every=2, eval_games=2)
+    trainer = _trainer(args)
+    trainer.eval_env = StubEnv(args.max_steps)
+    lines = train.train(args, trainer)
+    run = tmp_path / "run"
+    record = json.loads((run / "eval_alfworld_test_iter-000002.json").read_text())
+    assert record["success"] == lines[1]["eval/success"] and len(record["games"]) == 2
+    assert record["config"]["iteration"] == 2 and record["config"]["max_steps"] == args.max_steps
+    assert sum(g["won"] for g in record["games"].values()) / 2 == record["success"]
+    assert not (run / "eval_alfworld_test_iter-000001.json").exists() and "eval/success" not in lines[0]
+    assert lines[1]["seconds/eval"] > 0 and "seconds/eval" not in lines[2]
+    successes = [m["success"] for m in lines]
+    assert [m["success_recent"] for m in lines] == pytest.approx(
+        [sum(successes[max(0, i + 1 - metrics.RECENT):i + 1]) / min(i + 1, metrics.RECENT) for i in range(3)])
+    assert "last 5" in metrics.progress_line(lines[2])
+
+
 def test_existing_run_needs_resume(tmp_path):
     """Starting over a folder that holds a run is refused with the fix in the message, and
     the run's files are left as they were."""
