@@ -24,6 +24,18 @@ def test_explicit_model_beats_the_presets_warm_start():
     assert train.parse_args(["--preset", "cpu-demo", "--init-adapter", "none"]).init_adapter is None
 
 
+def test_the_learning_preset_plays_the_learning_set():
+    """--preset cpu-learn trains on data/alfworld-learn's train games with its own warm start,
+    evaluates on its held-out split, writes to its own run folder, and is ALFWorld's only."""
+    args = train.parse_args(["--preset", "cpu-learn"])
+    assert args.data_dir == str(config.DATA / "alfworld-learn") and args.eval_split == "valid_seen"
+    assert args.init_adapter == str(config.LEARN_WARMSTART) and args.output_dir == "runs/alfworld-sharpo-cpu-learn"
+    assert (config.DATA / "alfworld-learn" / "json_2.1.1" / "train").is_dir()
+    assert (config.LEARN_WARMSTART / "adapter_model.safetensors").is_file()
+    with pytest.raises(UserError, match="cpu-learn is ALFWorld's"):
+        train.parse_args(["--preset", "cpu-learn", "--env", "webshop"])
+
+
 def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
     """`train.py --help` prints the defaults the chosen preset will use; a misspelt env is one
     line, exit 2, before any model or env is imported."""

@@ -157,6 +157,59 @@ def test_gather_reads_only_evaluations_of_the_last_checkpoint(tmp_path):
     assert compare.evaluated_iteration(tmp_path / "sharpo-seed1" / "eval_valid_seen_final.json") == 2
 
 
+def test_learned_bootstrap_pairs_games_and_seeds():
+    """after - before per game, resampling games and seeds: no change gives exactly 0; every game
+    turning from lost to won gives 1 with a zero-width interval; a mixed change a proper interval."""
+    start = {f"g{i}": i < 2 for i in range(8)}
+    assert compare.learned_bootstrap(start, {0: dict(start), 1: dict(start)}) == [0.0, 0.0, 0.0]
+    none_won = {g: False for g in start}
+    assert compare.learned_bootstrap(none_won, {0: {g: True for g in start}}) == [1.0, 1.0, 1.0]
+    after = {0: {g: w or g in ("g2", "g3", "g4") for g, w in start.items()},
+             1: {g: w or g == "g5" for g, w in start.items()}}
+    mean, low, high = compare.learned_bootstrap(start, after)
+    assert mean == pytest.approx(4 / 16) and low < mean < high and low >= 0
+
+
+def test_gather_reads_the_runs_own_evaluations_into_the_learning_picture(tmp_path):
+    """A run's in-loop evaluations (eval_<env>_<split>_iter-N.json) give its held-out curve; the one
+    of its last iteration stands for the final evaluation when its limits match --eval-*; the
+    summary carries the paired bootstrap and how soon each algorithm reaches GRPO's final success."""
+    games = [f"valid_seen/g{i}" for i in range(8)]
+
+    def record(won: int, iteration=None, max_steps=6):
+        return {"success": won / len(games), "games": {g: {"won": i < won, "steps": 3} for i, g in enumerate(games)},
+                "config": {"env": "alfworld", "split": "valid_seen", "iteration": iteration, "checkpoint": None,
+                           "max_steps": max_steps, "max_new_tokens": 64}}
+
+    (tmp_path / "eval_start_valid_seen.json").write_text(json.dumps(record(1)))
+    for algo, wins in (("sharpo", (3, 5)), ("grpo", (2, 4))):
+        for seed in (0, 1):
+            run = tmp_path / f"{algo}-seed{seed}"
+            run.mkdir()
+            (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": None}))
+            lines = [{"iteration": i, "success": 0.25 * i, "success_recent": 0.2 * i, "seconds/rollout": 60.0}
+                     for i in (1, 2, 3, 4)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+            for it, won in zip((2, 4), wins):
+                (run / f"eval_alfworld_valid_seen_iter-{it:06d}.json").write_text(json.dumps(record(won + seed, it)))
+    table = compare.main(["--algos", "sharpo,grpo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only",
+                          "--eval-split", "valid_seen", "--eval-max-steps", "6",
+                          "--", "--env", "alfworld", "--iterations", "4"])
+    assert table["sharpo"]["held_out_after"][0] == pytest.approx((5 + 6) / 16)  # the runs' own last evaluations
+    assert table["sharpo"]["learned_boot"][0] == pytest.approx((4 + 5) / 16)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["held_out_curves"]["grpo"][0][0] == [0, 1 / 8, 0.0]  # the start, at iteration 0 and minute 0
+    assert summary["held_out_curves"]["grpo"][0][1] == [2, 2 / 8, 2.0]
+    reach = summary["reach_vs_grpo"]  # GRPO ends at 4.5 / 8; SHARPO's mean is 3.5 / 8 at 2, 5.5 / 8 at 4
+    assert reach["grpo"] == 1.0 and reach["sharpo"] == pytest.approx((2 + 2 * (1 / 8) / (2 / 8)) / 4)
+    assert (tmp_path / "learning.png").exists()
+    # other limits than asked: the run's own evaluation is not the final one, and --gather-only runs none
+    table = compare.main(["--algos", "sharpo,grpo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only",
+                          "--eval-split", "valid_seen", "--eval-max-steps", "8",
+                          "--", "--env", "alfworld", "--iterations", "4"])
+    assert table["sharpo"]["held_out_after"] is None
+
+
 def test_compare_refuses_flags_it_sets():
     with pytest.raises(compare.UserError, match="--seed"):
         compare.main(["--out", "/tmp/x", "--", "--seed", "3"])

@@ -14,10 +14,17 @@ Summary, per algorithm (mean over seeds, 95% t-interval over seeds):
   eval_success    the last greedy evaluation's success, when the runs evaluated
   s_per_iter      wall seconds per iteration;  time_vs_grpo  s_per_iter / GRPO's
 With --eval-split, each finished run's last checkpoint and the policy every run started from
-are evaluated greedily with eval.py on that split (all its games, --eval-max-steps each), so
-the table also says whether anything learned:
+are evaluated greedily with eval.py on that split (all its games, --eval-max-steps each; a run's
+own evaluation of its last iteration, `--eval-every`, is read instead when it played the same
+games with the same limits), so the table also says whether anything learned:
   start_success   the starting policy's success (the same for every run: greedy, same start)
   held_out_after  the trained policy's success;  learned  held_out_after - start_success
+  learned_boot    the same difference, paired per game, with a 95% bootstrap interval over
+                  games and seeds (both resampled): the interval a claim of learning needs
+  learning.png    held-out success (start, every in-loop evaluation) and the rollout success
+                  over the last 5 iterations, against iteration and against wall-clock minutes
+  reach_vs_grpo   (summary.json) iterations an algorithm's mean held-out curve needs to reach
+                  GRPO's final mean, over GRPO's iterations (linear between evaluations)
 
 With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
 should be. "No difference" is what overlapping intervals say.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -47,6 +55,7 @@ from infra.config import SPLITS
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
 CURVES = ("success", "mean_reward", "invalid_rate", "groups_with_spread")
+BOOTSTRAP = 2000  # resamples of learned_boot
 
 
 @dataclass
@@ -138,18 +147,91 @@ def held_out_summary(held_out: dict | None, algo: str, seed: int) -> dict:
     return {"start_success": start, "held_out_after": after, "learned": after - start}
 
 
+def learned_bootstrap(start: dict, after: dict[int, dict], n: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
+    """[mean, low, high] of held-out success after minus before, paired per game: the mean over
+    seeds and games of won_after - won_start, with a 95% percentile interval from resampling
+    seeds and games (with replacement) together. start: {game: won}; after: {seed: {game: won}}."""
+    seeds = sorted(after)
+    games = sorted(g for g in start if all(g in after[k] for k in seeds))
+    if not seeds or not games:
+        return None
+    diff = [[float(after[k][g]) - float(start[g]) for g in games] for k in seeds]  # (seeds, games)
+    mean = sum(map(sum, diff)) / (len(seeds) * len(games))
+    rng, stats = random.Random(seed), []
+    for _ in range(n):
+        ks = [rng.randrange(len(seeds)) for _ in seeds]
+        gs = [rng.randrange(len(games)) for _ in games]
+        stats.append(sum(diff[k][g] for k in ks for g in gs) / (len(ks) * len(gs)))
+    stats.sort()
+    return [mean, stats[int(0.025 * n)], stats[int(0.975 * n) - 1]]
+
+
+def won_by_game(record: dict) -> dict | None:
+    """{game: won} of an evaluation record (eval.py's JSON, or a run's in-loop evaluation)."""
+    games = record.get("games")
+    return {g: bool(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
+
+
+def wall_minutes(metrics: list[dict]) -> list[float]:
+    """Cumulative wall minutes at the end of each iteration (every stage and evaluation)."""
+    total, out = 0.0, []
+    for m in metrics:
+        total += sum(v for k, v in m.items() if k.startswith("seconds/") and k != "seconds/env" and v is not None)
+        out.append(total / 60)
+    return out
+
+
+def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) -> list[tuple[int, float, float]]:
+    """(iteration, held-out success, wall minutes) of a run: the start policy's at 0, then each
+    in-loop evaluation on `split` (eval_<env>_<split>_iter-N.json)."""
+    minutes = {m["iteration"]: t for m, t in zip(metrics, wall_minutes(metrics))}
+    points = [(0, start, 0.0)] if start is not None else []
+    for path in sorted(run.glob(f"eval_*_{split}_iter-*.json")):
+        it = int(path.stem.rsplit("-", 1)[1])
+        if it in minutes:
+            points.append((it, json.loads(path.read_text())["success"], minutes[it]))
+    return points
+
+
+def reach_ratio(curves: dict[str, list[list[tuple]]]) -> dict:
+    """For each algorithm: the iteration at which its mean held-out curve (over seeds, linear
+    between evaluations) first reaches GRPO's final mean, divided by GRPO's last evaluated iteration."""
+    def mean_curve(runs):
+        its = sorted(set.intersection(*[{p[0] for p in r} for r in runs])) if runs else []
+        return [(i, sum(dict((p[0], p[1]) for p in r)[i] for r in runs) / len(runs)) for i in its]
+
+    if "grpo" not in curves or not curves["grpo"]:
+        return {}
+    grpo = mean_curve(curves["grpo"])
+    if len(grpo) < 2:
+        return {}
+    target, last = grpo[-1][1], grpo[-1][0]
+    out = {"grpo_final_held_out": target, "grpo_iterations": last}
+    for algo, runs in curves.items():
+        curve, reached = mean_curve(runs), None
+        for (i0, s0), (i1, s1) in zip(curve, curve[1:]):
+            if s1 >= target:
+                reached = i1 if s1 == s0 else i0 + (i1 - i0) * max(0.0, (target - s0) / (s1 - s0))
+                break
+        out[algo] = None if reached is None else reached / last
+    return out
+
+
 def markdown_table(table: dict) -> str:
     def cell(v):
         return "-" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
     held = any(r.get("held_out_after") for r in table.values())
+    boot = any(r.get("learned_boot") for r in table.values())
     lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
-             + (" held-out start | held-out after | learned |" if held else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "")]
+             + (" held-out start | held-out after | learned |" if held else "")
+             + (" learned, paired over games (bootstrap) |" if boot else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "") + ("---|" if boot else "")]
     for algo, r in table.items():
         lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
                      f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |"
-                     + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else ""))
+                     + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else "")
+                     + (f" {cell(r.get('learned_boot'))} |" if boot else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -173,10 +255,57 @@ def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
             x = list(range(1, n_iter + 1))
             ax.plot(x, [s[0] for s in stats], color=f"C{c}", label=f"{algo} ({len(by_seed)} seeds)")
             ax.fill_between(x, [s[1] for s in stats], [s[2] for s in stats], color=f"C{c}", alpha=0.2)
+    # deferred: matplotlib only when drawing
+    from matplotlib.ticker import MaxNLocator
+
     for ax, key in zip(axes, CURVES):
         ax.set_title(key)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole iterations
     axes[0].legend(fontsize=8)
+    fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def learning_png(runs: dict[str, dict[int, list[dict]]], curves: dict[str, list[list[tuple]]], path: Path) -> None:
+    """The learning picture: held-out greedy success (start, then each in-loop evaluation) and the
+    rollout success over the last 5 iterations (`success_recent`), against iteration and against
+    wall-clock minutes; mean over seeds with a 95% t-interval band, one colour per algorithm."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharey="row")
+    for c, algo in enumerate(runs):
+        series = []  # (row, [(x_iter, x_min, y) per run])
+        evals = [r for r in curves.get(algo, []) if r]
+        if evals:
+            series.append((0, [[(p[0], p[2], p[1]) for p in r] for r in evals]))
+        rolls = [m for m in runs[algo].values() if m]
+        if rolls:
+            key = "success_recent" if all("success_recent" in x for m in rolls for x in m) else "success"
+            series.append((1, [[(x["iteration"], t, x[key]) for x, t in zip(m, wall_minutes(m))] for m in rolls]))
+        for row, per_run in series:
+            n = min(len(r) for r in per_run)
+            stats = [mean_interval([r[i][2] for r in per_run]) for i in range(n)]
+            for col, k in ((0, 0), (1, 1)):
+                x = [sum(r[i][k] for r in per_run) / len(per_run) for i in range(n)]  # minutes: mean over seeds
+                ax = axes[row][col]
+                ax.plot(x, [v[0] for v in stats], color=f"C{c}", marker="o" if row == 0 else None, ms=3,
+                        label=f"{algo} ({len(per_run)} seeds)")
+                ax.fill_between(x, [v[1] for v in stats], [v[2] for v in stats], color=f"C{c}", alpha=0.15)
+    for row, title in enumerate(("held-out success (greedy)", "rollout success, last 5 iterations")):
+        axes[row][0].set_ylabel(title, fontsize=9)
+        axes[row][0].set_xlabel("iteration")
+        axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[row][1].set_xlabel("wall-clock minutes")
+    axes[0][0].legend(fontsize=8)
     fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -213,9 +342,19 @@ def evaluated_iteration(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs") -> Path | None:
+    """The run's own evaluation of `iteration` on `split`, when it used the limits --eval-* asks for."""
+    for path in run.glob(f"eval_*_{split}_iter-{iteration:06d}.json"):
+        config = json.loads(path.read_text()).get("config", {})
+        if config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens:
+            return path
+    return None
+
+
 def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> dict:
-    """Greedy held-out success of the start policy and of each finished run's last checkpoint
-    (eval.py in a subprocess each, all CPU threads; a result already on disk is read, not recomputed)."""
+    """Greedy held-out evaluation records (eval.py's JSON) of the start policy and of each finished
+    run's last checkpoint (eval.py in a subprocess each, all CPU threads; a result already on disk,
+    or the run's own in-loop evaluation of its last iteration, is read, not recomputed)."""
     split, results = args.eval_split, {}
     common = ["--policy", "model", "--split", split, "--max-steps", str(args.eval_max_steps),
               "--max-new-tokens", str(args.eval_new_tokens)]
@@ -228,7 +367,10 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
         path = run / f"eval_{split}_final.json"
-        if evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
+        own = in_loop_evaluation(run, split, iterations, args)
+        if own is not None:
+            jobs[key] = (own, [])
+        elif evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
             jobs[key] = (path, [])
         elif run_state(run, iterations) == "done" and not args.gather_only:  # an unfinished run's is not its last
             path.unlink(missing_ok=True)  # one of an earlier iteration's checkpoint: the run was extended since
@@ -240,7 +382,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
             subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
                            stdout=subprocess.DEVNULL)
         if path.is_file():
-            results[key] = json.loads(path.read_text())["success"]
+            results[key] = json.loads(path.read_text())
     return results if "start" in results else {}
 
 
@@ -285,15 +427,31 @@ def main(argv: list[str] | None = None) -> dict:
                 (algo, seed), proc = item
                 print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}", flush=True)
     runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
-    held_out = evaluate(out, runs_of, args, run_flags.iterations) if args.eval_split else None
+    records = evaluate(out, runs_of, args, run_flags.iterations) if args.eval_split else {}
+    held_out = {k: r["success"] for k, r in records.items()} or None
     table = summarize(runs, args.final_window, held_out)
     if not table:
         raise UserError(f"no run in {out} has metrics yet")
+    start_games = won_by_game(records["start"]) if "start" in records else None
+    for algo in table:
+        after = {s: won_by_game(records[(algo, s)]) for s in seeds if (algo, s) in records}
+        if start_games and after and all(after.values()):
+            table[algo]["learned_boot"] = learned_bootstrap(start_games, after)
     curves_png(runs, out / "curves.png")
+    extra = {}
+    if args.eval_split:
+        start = held_out["start"] if held_out else None
+        curves = {a: [eval_curve(runs_of[(a, s)], args.eval_split, runs[a][s], start) for s in seeds if runs[a][s]]
+                  for a in algos}
+        if any(len(c) > 1 for runs_c in curves.values() for c in runs_c):
+            learning_png(runs, curves, out / "learning.png")
+            extra = {"held_out_curves": {a: [[list(p) for p in c] for c in cs] for a, cs in curves.items()},
+                     "reach_vs_grpo": reach_ratio(curves)}
     (out / "summary.md").write_text(markdown_table(table))
     (out / "summary.json").write_text(json.dumps({"train_flags": train_flags, "algos": algos, "seeds": seeds,
                                                   "final_window": args.final_window, "eval_split": args.eval_split,
-                                                  "eval_max_steps": args.eval_max_steps, "table": table}, indent=1))
+                                                  "eval_max_steps": args.eval_max_steps, "table": table, **extra},
+                                                 indent=1))
     print(markdown_table(table))
     print(f"wrote {out / 'curves.png'}, {out / 'summary.md'}, {out / 'summary.json'}")
     return table
