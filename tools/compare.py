@@ -261,7 +261,7 @@ def curves_png(runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
     for ax, key in zip(axes, CURVES):
         ax.set_title(key)
         ax.set_xlabel("iteration")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole iterations
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole iterations
     axes[0].legend(fontsize=8)
     fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)
     fig.tight_layout()
@@ -303,7 +303,7 @@ def learning_png(runs: dict[str, dict[int, list[dict]]], curves: dict[str, list[
     for row, title in enumerate(("held-out success (greedy)", "rollout success, last 5 iterations")):
         axes[row][0].set_ylabel(title, fontsize=9)
         axes[row][0].set_xlabel("iteration")
-        axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         axes[row][1].set_xlabel("wall-clock minutes")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)

@@ -7,7 +7,8 @@ From a train.py run folder (metrics.jsonl, samples.jsonl) this writes:
                   teacher-student gap delta_t on hover
   segments.png    the same for the first sample trajectories with hindsight, as a picture
                   (full color at the largest deviation shown, so that small ones stay visible)
-  curves.png      success, mean reward, invalid-action rate and multiplier spread per iteration
+  curves.png      success (and over the last 5 iterations), mean reward, invalid-action rate and
+                  multiplier spread per whole iteration
   per_type.png    success per task type (training rollouts, and evaluation when it ran)
 
 Run: python -m tools.plots runs/alfworld-sharpo-cpu-demo
@@ -140,6 +141,7 @@ def curves_png(metrics: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     metrics = [m for m in metrics if isinstance(m.get("iteration"), int)]
     its = [m["iteration"] for m in metrics]
@@ -148,14 +150,20 @@ def curves_png(metrics: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
     for ax, (key, title) in zip(axes, panels):
         ax.plot(its, [num(m.get(key)) for m in metrics], marker="o")
+        if key == "success" and any("success_recent" in m for m in metrics):
+            ax.plot(its, [num(m.get("success_recent")) for m in metrics], label="last 5 iterations")
         if key == "success" and any("eval/success" in m for m in metrics):
             ev = [(m["iteration"], num(m["eval/success"])) for m in metrics if "eval/success" in m]
             ax.plot(*zip(*ev), marker="s", label="eval (greedy)")
+        if key == "success" and len(ax.lines) > 1:
             ax.legend(fontsize=8)
         if key in ("success", "invalid_rate"):
             ax.set_ylim(-0.03, 1.03)  # shares
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole iterations
+        if its:
+            ax.set_xlim(min(its) - 0.5, max(its) + 0.5)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
