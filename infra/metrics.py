@@ -134,7 +134,8 @@ def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
     trajs, steps = batch.trajs, batch.steps
     delta = batch.logp_teacher - batch.logp_student  # (B, T) per-token teacher - student gap
     moving = {i for (i, _), m in zip(steps, batch.moves) if m}  # trajectories with a row that can move the policy
-    picked = sorted(range(len(trajs)), key=lambda i: (i not in moving, trajs[i].hindsight is None, i))[:k]
+    shown = [i for i in range(len(trajs)) if trajs[i].steps]  # an episode whose worker crashed at reset has none
+    picked = sorted(shown, key=lambda i: (i not in moving, trajs[i].hindsight is None, i))[:k]
     records = []
     for i in picked:
         mine = [b for b, (j, _) in enumerate(steps) if j == i]

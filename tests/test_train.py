@@ -116,6 +116,25 @@ def test_in_loop_evaluations_are_saved_and_the_moving_success_spans_iterations(t
     assert "last 5" in metrics.progress_line(lines[2])
 
 
+def test_samples_skip_an_episode_that_has_no_steps():
+    """An episode whose worker crashed at reset starts done with no steps: the samples show the
+    others instead of failing on its missing rows (it has the lowest index, and everything tied)."""
+    from types import SimpleNamespace
+
+    from segments import Row, Step, Trajectory
+
+    step = Step([{"role": "user", "content": "Current observation: a room\nAdmissible actions: look"}], [1, 2], [3, 4],
+                "<action>look</action>", "look", 0.0)
+    crashed, played = Trajectory("t0", 0, "x", hindsight="plan"), Trajectory("t1", 0, "x", steps=[step], hindsight="plan")
+    batch = SimpleNamespace(trajs=[crashed, played], steps=[(1, step)], rows=[Row([1, 2, 3, 4], [-1, -1, 0, 0], 2)],
+                            moves=torch.tensor([False]), taught=torch.tensor([False]), has_hindsight=torch.tensor([True]),
+                            logp_student=torch.zeros(1, 2), logp_teacher=torch.zeros(1, 2), gaps=torch.zeros(1),
+                            mults=torch.ones(1), step_adv=None, adv_row=torch.zeros(1))
+    tok = SimpleNamespace(decode=lambda ids: "t")
+    records = metrics.sample_records(batch, tok, 2, 1)
+    assert [r["task_id"] for r in records] == ["t1"] and records[0]["segments"][0]["multiplier"] is None
+
+
 def test_existing_run_needs_resume(tmp_path):
     """Starting over a folder that holds a run is refused with the fix in the message, and
     the run's files are left as they were."""
