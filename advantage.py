@@ -300,6 +300,7 @@ def policy_loss(
     num_sdar_tokens: int | float | None = None,
     sdar_coef: float = 0.0,
     sdar_beta: float = 5.0,
+    num_kl_tokens: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip with token advantages, optional k3 KL and SDAR term (METHOD.md section 5).
 
@@ -312,11 +313,16 @@ def policy_loss(
     exactly the minibatch's token mean (default: this call's own count). Token-mean weighs
     every generated token equally, whatever the length of its response (as verl-agent does).
     The SDAR term covers sdar_mask (trained tokens of rows that have hindsight) and is divided
-    by their own minibatch count, num_sdar_tokens. Returns (loss, detached stats).
+    by their own minibatch count, num_sdar_tokens. The statistic approx_kl_old is the mean of
+    the k3 estimate of KL(old, new) over the trained tokens: its sum over loss_mask divided by
+    num_kl_tokens, the count of trained tokens in the whole minibatch (default: this call's own
+    count; num_tokens may count more, e.g. tokens of rows left out of the loss). Returns (loss,
+    detached stats).
     """
     mask = loss_mask.to(logp_new.dtype)  # (B, T) 1.0 = trained token
     n = mask.sum() if num_tokens is None else num_tokens  # the denominator: trained tokens in the minibatch
     n = max(float(n), 1.0)
+    n_kl = max(float(mask.sum() if num_kl_tokens is None else num_kl_tokens), 1.0)  # approx_kl_old's denominator
 
     log_ratio = logp_new - logp_student.detach()  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T) r_t
@@ -328,7 +334,7 @@ def policy_loss(
     stats = {
         "pg_loss": pg_loss.detach(),
         "clip_frac": ((pg > -token_adv * ratio).to(mask.dtype) * mask).sum().detach() / n,
-        "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum().detach() / n,  # k3(old, new)
+        "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum().detach() / n_kl,  # k3(old, new), mean over trained tokens
     }
     if kl_coef > 0:
         if logp_ref is None:

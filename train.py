@@ -283,6 +283,7 @@ class Trainer:
             # the minibatch's response tokens (over all processes, skipped rows too): the token-mean denominator
             n_tokens = int(self.dist.sum(int(tokens[idx].sum()) if idx else 0))
             n_sdar = int(self.dist.sum(int(sdar_mask[idx].sum()) if idx else 0))  # the SDAR term's own denominator
+            n_trained = int(self.dist.sum(int(trained[idx].sum()) if idx else 0))  # approx_kl_old's: the tokens it averages
             if n_tokens == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
@@ -297,7 +298,7 @@ class Trainer:
                     logp_new, sel(batch.logp_student), sel(batch.token_adv), sel(trained), num_tokens=n_tokens,
                     ppo_clip=args.ppo_clip, logp_ref=sel(batch.logp_ref), kl_coef=args.kl_coef,
                     logp_teacher=sel(batch.logp_teacher), sdar_mask=sel(sdar_mask),
-                    num_sdar_tokens=n_sdar, sdar_coef=sdar_coef, sdar_beta=args.sdar_beta,
+                    num_sdar_tokens=n_sdar, sdar_coef=sdar_coef, sdar_beta=args.sdar_beta, num_kl_tokens=n_trained,
                 )
                 if not torch.isfinite(loss):
                     finite = False

@@ -76,6 +76,28 @@ def test_micro_batches_accumulate_to_the_minibatch_token_mean():
     assert torch.allclose(whole.grad, parts.grad, atol=1e-7)
 
 
+def test_approx_kl_old_is_the_mean_over_the_trained_tokens_whatever_the_loss_divides_by():
+    """train.py divides the loss by every response token of the minibatch (rows left out of the
+    loss too), but approx_kl_old is the k3 mean over the trained tokens alone: accumulated over
+    micro-batches with num_kl_tokens, it equals that mean computed in one piece, and it does not
+    fall as more rows are left out."""
+    g = torch.Generator().manual_seed(5)
+    logp_old = -torch.rand(4, 5, generator=g)
+    logp_new = logp_old + 0.2 * torch.randn(4, 5, generator=g)
+    trained = torch.zeros(4, 5, dtype=torch.bool)
+    trained[:2] = True  # rows 2 and 3 are left out of the loss (A = 0)
+    r = torch.exp(logp_new - logp_old)
+    expected = float(((r - 1 - (logp_new - logp_old))[trained]).mean())
+    total, n_all, n_trained = 0.0, 20, int(trained.sum())
+    for rows in (slice(0, 1), slice(1, 4)):
+        _, stats = policy_loss(logp_new[rows], logp_old[rows], torch.ones(logp_new[rows].shape), trained[rows],
+                               num_tokens=n_all, num_kl_tokens=n_trained)
+        total += float(stats["approx_kl_old"])
+    assert total == pytest.approx(expected, rel=1e-6)
+    _, alone = policy_loss(logp_new[:2], logp_old[:2], torch.ones(2, 5), trained[:2])
+    assert float(alone["approx_kl_old"]) == pytest.approx(expected, rel=1e-6)
+
+
 def test_sdar_term_raises_logp_in_proportion_to_the_gate():
     """SDAR: d loss / d logp_new = -coef * sigmoid(beta * delta) / n_hindsight_tokens < 0, so a
     gradient step raises the student's log-prob of sampled tokens, more where the teacher
