@@ -1,5 +1,6 @@
 """tools/credit.py and tools/compare.py: labels, ROC AUC with ties, the game bootstrap and paired differences,
 seed statistics; checked on values small enough to work out by hand."""
+import copy
 import json
 import math
 
@@ -233,6 +234,14 @@ def test_credit_end_to_end_on_the_stub_env():
     blocks = credit.placebo_plans({t: env.expert_plan(t) for t in ("task-a", "task-b")}, seed=0)
     data = credit.score_steps(model, tok, trajs, blocks, credit.step_labels(trajs), args)
     assert len(data["won"]) + data["copies"] == sum(len(t.steps) for t in trajs)
+    # copies whose labels differ (their states differ beyond the history the context shows) stay two
+    twin = copy.deepcopy(trajs[0])
+    labels = credit.step_labels([trajs[0], twin])
+    labels[1] = [not x for x in labels[1]]
+    both = credit.score_steps(model, tok, [trajs[0], twin], blocks, labels, args)
+    alone = credit.score_steps(model, tok, [trajs[0]], blocks, labels[:1], args)
+    assert len(both["won"]) == 2 * len(alone["won"])
+    assert sorted(both["label"]) == sorted(alone["label"] + [not x for x in alone["label"]])
     table = credit.auc_table(data, n_boot=20)
     for kind, name in credit.SCORE_ROWS:
         for part in ("blame/label", "credit/label", "blame/label_expert"):

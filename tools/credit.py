@@ -15,8 +15,11 @@ The scores (blame; credit is the same with the opposite sign of g):
   method   sharpo: the segment multiplier SHARPO applies, clip(exp(-g), 1 -+ eps_m) with
            g = mean_t (logp_teacher_t - logp_student_t) over the segment (all tokens, or
            only those inside <action>); the teacher's hindsight is the planner's shortest plan
-           from the start. rlsd: the mean of its per-token multipliers. (StepOPSD's multiplier
-           is a monotone function of the same g: the same AUC as sharpo.)
+           from the start. rlsd: the mean of its per-token multipliers. (StepOPSD's multiplier,
+           2 sigmoid(-g) clipped to the same bound, is monotone in the same g too, but its clip
+           binds at |g| ~ 0.41 where exp's binds at ~0.18-0.22, so it ties other steps and its
+           AUC may differ: blame z = (0.30, 0.25, 0.10), labels (T, F, F), gives 0.75 with exp
+           and 1.0 with 2 sigmoid. It is not scored here.)
   placebo  the same multiplier from a teacher shown a block that carries no information about
            this task: another task's plan of the closest length; the true plan shuffled; a
            filler block with as many lines.
@@ -25,9 +28,13 @@ The scores (blame; credit is the same with the opposite sign of g):
            GRPO's constant weight (0.5 by construction).
   paired   the real teacher's AUC minus each placebo's and minus the best no-teacher score,
            with a 95% bootstrap interval, resampling whole games (all episodes of a game
-           together), the same resample for both scores.
-Identical steps (same game, same outcome, same context ids, same response ids) are scored and
-counted once: a small warm-started model often repeats itself exactly.
+           together), the same resample for both scores. The best no-teacher score is picked
+           on the same steps it is then compared on, so that difference is optimistic for the
+           no-teacher side and its interval leaves the pick out (the table says so).
+Identical steps (same game, same outcome, same context ids, same response ids, same labels)
+are scored and counted once: a small warm-started model often repeats itself exactly. The
+labels are part of the key because the context shows only the last --history turns: two
+copies can come from states that differ beyond it, and then they count as two steps.
 
 Deviations from the training loop: every step of every failed episode is scored, also in
 groups where all episodes failed (training gives those A = 0 and so no update): the
@@ -319,9 +326,11 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
                                         torch.tensor([i for i, _, _ in steps]),
                                         [trajs[i].group for i, _, _ in steps], [s.anchor for _, _, s in steps],
                                         args.gigpo_gamma)  # (B_all,)
+    expert_labels = step_labels(trajs)
     seen, keep = {}, []
     for b, (i, k, s) in enumerate(steps):  # identical steps count once
-        key = (trajs[i].task_id, trajs[i].won, tuple(s.prompt_ids), tuple(s.response_ids))
+        key = (trajs[i].task_id, trajs[i].won, tuple(s.prompt_ids), tuple(s.response_ids), labels[i][k],
+               expert_labels[i][k])  # one key, one label: copies from states the context cannot tell apart stay two
         if key not in seen:
             seen[key] = b
             keep.append(b)
@@ -352,7 +361,7 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
            "not_in_plan": not_in_plan, "gigpo": -step_adv[keep], "grpo": torch.zeros(len(rows))}
     for name, value in raw.items():  # blame scores; the credit score is the opposite
         scores[name] = torch.where(won, -value, value) if name != "grpo" else value
-    expert = step_labels(trajs)
+    expert = expert_labels
     return {"game": [trajs[i].task_id for i, _, _ in steps_kept], "won": won.tolist(),
             "adv": [float(adv[i]) for i, _, _ in steps_kept],
             "label": [labels[i][k] for i, k, _ in steps_kept], "label_expert": [expert[i][k] for i, k, _ in steps_kept],
@@ -402,7 +411,8 @@ def print_table(table: dict, info: dict) -> None:
         row = table["scores"][name]
         print(f"  {kind:10s} {name:18s} {cell(row['blame/label']):>24s} {cell(row['blame/label_expert']):>24s} "
               f"{cell(row['credit/label']):>24s}")
-    print("  paired differences of AUC (planner label), 95% interval over games:")
+    print("  paired differences of AUC (planner label), 95% interval over games (the best no-teacher score is picked\n"
+          "  on these same steps: that difference favours it, and its interval leaves the pick out):")
     for key, d in table["paired"].items():
         print(f"    {key:38s} {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
     g = info["gaps"]
