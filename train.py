@@ -353,34 +353,34 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     What a kill at any moment costs: at most the iterations since the last checkpoint; the logs
     keep only whole lines of iterations up to the checkpoint a run resumes from."""
     dist = trainer.dist if trainer else DataParallel()
-    run = RunFolder(args.output_dir, main=dist.main)  # [run] only the main process writes
-    run.check(resuming=bool(args.resume))  # [run] refuse to overwrite a run, before anything loads
-    dist.barrier()  # [distributed] every process has looked before the main one writes
-    trainer = trainer or Trainer(args, dist=dist)
-    run.start(asdict(args), trainer.iteration_done)  # [run]
-    tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args)) if dist.main else None  # [run]
-    history = []
-    recent = [line["success"] for line in run.logged()[-metrics.RECENT:]] if dist.main else []  # [run] resumed: its last ones
-    while trainer.iteration_done < args.iterations:
-        line, samples = trainer.iteration()
-        it = trainer.iteration_done
-        recent = (recent + [line["success"]])[-metrics.RECENT:]  # [run] over more tasks than one iteration draws
-        line["success_recent"] = sum(recent) / len(recent)
-        if args.eval_every and it % args.eval_every == 0 and dist.main:
-            evaluation, record = trainer.evaluate()
-            line.update(evaluation)
-            run.save_evaluation(it, record)  # [run] each game's outcome, in eval.py's format
-        run.log(line, samples)  # [run]
-        dashboard.log(tracker, line)  # [run] --report-to: the same line, live
-        if it % args.save_every == 0 or it == args.iterations:  # [run] a checkpoint, then `latest`
-            trainer.warmstart = run.save(it, trainer.model, trainer.optimizer, trainer.rng, asdict(args),
-                                         trainer.warmstart, args.keep_checkpoints)
-        if dist.main:
-            print(metrics.progress_line(line), flush=True)
-        dist.barrier()  # [distributed]
-        history.append(line)
-    trainer.close()
-    dashboard.close(tracker)  # [run]
+    with RunFolder(args.output_dir, main=dist.main) as run:  # [run] one writer: RUN/.lock, held until the end
+        run.check(resuming=bool(args.resume))  # [run] refuse to overwrite a run, before anything loads
+        dist.barrier()  # [distributed] every process has looked before the main one writes
+        trainer = trainer or Trainer(args, dist=dist)
+        run.start(asdict(args), trainer.iteration_done)  # [run]
+        tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args)) if dist.main else None  # [run]
+        history = []
+        recent = [m["success"] for m in run.logged()[-metrics.RECENT:]] if dist.main else []  # [run] resumed: its last
+        while trainer.iteration_done < args.iterations:
+            line, samples = trainer.iteration()
+            it = trainer.iteration_done
+            recent = (recent + [line["success"]])[-metrics.RECENT:]  # [run] over more tasks than one iteration draws
+            line["success_recent"] = sum(recent) / len(recent)
+            if args.eval_every and it % args.eval_every == 0 and dist.main:
+                evaluation, record = trainer.evaluate()
+                line.update(evaluation)
+                run.save_evaluation(it, record)  # [run] each game's outcome, in eval.py's format
+            run.log(line, samples)  # [run]
+            dashboard.log(tracker, line)  # [run] --report-to: the same line, live
+            if it % args.save_every == 0 or it == args.iterations:  # [run] a checkpoint, then `latest`
+                trainer.warmstart = run.save(it, trainer.model, trainer.optimizer, trainer.rng, asdict(args),
+                                             trainer.warmstart, args.keep_checkpoints)
+            if dist.main:
+                print(metrics.progress_line(line), flush=True)
+            dist.barrier()  # [distributed]
+            history.append(line)
+        trainer.close()
+        dashboard.close(tracker)  # [run]
     return history
 
 

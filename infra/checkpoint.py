@@ -6,6 +6,7 @@ A run folder (train.py --output-dir):
     eval_<env>_<split>_iter-000004.json   each in-loop evaluation (--eval-every), in eval.py's format
     checkpoints/iter-000007/     complete checkpoints, the last --keep-checkpoints of them
     latest -> checkpoints/iter-000007   a symlink, replaced atomically once that checkpoint is complete
+    .lock                        held (flock) by the one train.py writing the folder; the holder's pid inside
 
 A checkpoint folder:
     adapter_config.json, adapter_model.safetensors, README.md
@@ -33,12 +34,14 @@ gives W0 + s2 (B1 (s1 / s2) A1 + B2 A2), the same matrix.
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import math
 import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -220,6 +223,45 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike, main: bool = True):
         self.path, self.main = Path(path), main
         self.metrics, self.samples = self.path / "metrics.jsonl", self.path / "samples.jsonl"
+        self._lock = None  # the open file of RUN/.lock while this process holds the folder
+
+    def __enter__(self) -> "RunFolder":
+        self.lock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unlock()
+
+    def lock(self) -> None:
+        """Hold the run folder: one writer at a time. An exclusive flock on RUN/.lock (the holder's
+        pid written in it) that the kernel releases when the holder exits, however it exits, so
+        the lock a killed run leaves is taken over by the next one."""
+        if not self.main or self._lock is not None:
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / ".lock", "a+")
+        except OSError as err:
+            raise UserError(f"cannot use {self.path} as a run folder: {err.strerror or err} "
+                            "(it must be a folder this user can write; choose another --output-dir)") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise UserError(f"{self.path} is in use by {holder}: one run writes a run folder at a time. Wait for it "
+                            "to finish (or stop it), or choose another --output-dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"train.py (pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        handle.flush()
+        self._lock = handle
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None
 
     def check(self, resuming: bool) -> None:
         check_latest(self.path)  # a `latest` that is no pointer into this run: stop before any work, not after

@@ -165,3 +165,25 @@ def test_no_model_folder_with_custom_code_is_loaded(tmp_path):
     with pytest.raises(UserError, match="Hugging Face id"):
         check_model_source(str(tmp_path / "missing"))
     check_model_source("Qwen/Qwen2.5-7B-Instruct")  # an id: fine
+
+
+def test_a_run_folder_has_one_writer_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    """While a live process holds RUN/.lock, train.py on that folder (a second run or a --resume)
+    stops with one line naming the holder, before anything loads and with nothing written; the
+    lock file a killed run leaves holds no flock, so the next run takes it over."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from infra.checkpoint import RunFolder; "
+                               f"run = RunFolder({str(out)!r}); run.lock(); print('held', flush=True); time.sleep(60)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"is in use by train.py \(pid {holder.pid}"):
+            train.train(tiny_args(out, iterations=1))
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    tiny_train(tiny_args(out, iterations=1))  # the dead holder's lock is taken over
+    assert "train.py (pid" in (out / ".lock").read_text() and (out / "latest").exists()
+    with pytest.raises(UserError, match="cannot use .* as a run folder"):
+        train.train(tiny_args(out / "latest" / "state.json", iterations=1))  # a file, not a folder
