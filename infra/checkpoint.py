@@ -213,6 +213,14 @@ def read_iteration(ckpt: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- the run folder
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# What train.py, eval.py and tools/plots.py write into a run folder (and their temporary names):
+# a new run refuses a folder that holds anything else.
+RUN_ENTRY = re.compile(r"^(config\.json|metrics\.jsonl|samples\.jsonl|checkpoints|latest|\.lock|\.latest\.tmp"
+                       r"|\.(config\.json|metrics\.jsonl|samples\.jsonl)\.tmp|eval_.*\.json|\.eval_.*\.json\.tmp"
+                       r"|tensorboard|segments\.(html|png)|curves\.png|per_type\.png)$")
+
+
 class RunFolder:
     """A train.py run folder's lifecycle, in the order the loop meets it:
     `check` (before anything loads: refuse to overwrite a run, say when one is started afresh),
@@ -238,6 +246,17 @@ class RunFolder:
         the lock a killed run leaves is taken over by the next one."""
         if not self.main or self._lock is not None:
             return
+        where = self.path.expanduser().resolve()
+        for place, name in ((Path("/"), "the file-system root"), (Path.home().resolve(), "the home folder"),
+                            (REPO_ROOT, "the repository's root")):
+            if where == place:
+                raise UserError(f"--output-dir {self.path} is {name}: a run writes config.json, checkpoints/ and logs "
+                                "into its folder, so give it a folder of its own (e.g. runs/NAME)")
+        if where.is_dir() and not (where / "config.json").exists():  # not a run yet: only a run's own files may be there
+            foreign = sorted(p.name for p in where.iterdir() if not RUN_ENTRY.match(p.name))
+            if foreign:
+                raise UserError(f"{self.path} holds files no run wrote ({', '.join(foreign[:3])}"
+                                f"{', ...' if len(foreign) > 3 else ''}): choose an empty or new --output-dir")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = open(self.path / ".lock", "a+")

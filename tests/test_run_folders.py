@@ -187,3 +187,21 @@ def test_a_run_folder_has_one_writer_and_a_dead_holders_lock_is_taken_over(tmp_p
     assert "train.py (pid" in (out / ".lock").read_text() and (out / "latest").exists()
     with pytest.raises(UserError, match="cannot use .* as a run folder"):
         train.train(tiny_args(out / "latest" / "state.json", iterations=1))  # a file, not a folder
+
+
+def test_no_run_writes_into_the_root_the_home_folder_the_repository_or_a_folder_of_other_files(tmp_path, monkeypatch):
+    """--output-dir /, ~, the repository's root (e.g. `.` from there) and a folder holding files no
+    run wrote are refused with one line before anything is written."""
+    for place in ("/", str(Path.home()), str(ROOT)):
+        with pytest.raises(UserError, match="a folder of its own"):
+            checkpoint.RunFolder(place).lock()
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(UserError, match="the repository's root"):
+        train.train(tiny_args(".", iterations=1))
+    assert not (ROOT / ".lock").exists() and not (ROOT / "config.json").exists()
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("mine")
+    with pytest.raises(UserError, match=r"holds files no run wrote \(chapter1.tex\)"):
+        tiny_train(tiny_args(mine, iterations=1))
+    assert sorted(p.name for p in mine.iterdir()) == ["chapter1.tex"]
