@@ -50,11 +50,29 @@ def _prog() -> str:
     return f"python -m tools.{path.stem}" if path.parent == Path(__file__).resolve().parent.parent / "tools" else path.name
 
 
+_NUMBER = re.compile(r"^-(\d|\.\d|inf|infinity|nan)", re.IGNORECASE)
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """`--lr -1e-3` and `--lr -inf` as `--lr=-1e-3`: argparse would read a value that starts with
+    '-' and is not a plain decimal as another flag ("expected one argument")."""
+    out = []
+    for tok in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NUMBER.match(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (the usage of 50 flags would bury it)."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(_join_negative_values(list(sys.argv[1:] if args is None else args)), namespace)
 
 
 def field_help(cls) -> dict[str, str]:

@@ -100,3 +100,17 @@ def test_install_script_shows_progress():
     """install.sh says what it is doing (pip's progress is not silenced with -q)."""
     text = (ROOT / "install.sh").read_text()
     assert " -q" not in text and text.count("echo ") >= 3
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--lr", "-1e-3"], "--lr must be > 0; got -0.001"),  # argparse alone read -1e-3 as a flag
+    (["--lr", "-inf"], "--lr must be a finite number; got -inf"),
+    (["--lam", "nan"], "--lam must be a finite number; got nan"),  # one message, not two joined
+    (["--seed", str(2**70)], "--seed must be in [0, 2^32); got"),  # a ValueError traceback in torch before
+    (["--groups", "100000"], "above this project's limit of 4096"),  # it printed nothing for minutes before
+    (["--max-steps", "100000"], "above this project's limit of 1000"),
+])
+def test_flags_at_their_edges_are_one_message(argv, needle):
+    with pytest.raises(UserError) as err:
+        train.parse_args(argv)
+    assert needle in str(err.value) and str(err.value).count(";") == needle.count(";")
