@@ -19,7 +19,9 @@ waits for); the workers' own engine time is `worker_seconds`.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import sys
+import threading
 import time
 
 from envs import EnvStep, check_responses, make_env
@@ -85,7 +87,13 @@ class WorkerEnv:
     def _start(self, k: int) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, self._env_name, self._kwargs), daemon=True)
-        proc.start()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # the worker inherits "ignore":
+        try:  # Ctrl-C reaches the whole process group, but stopping is the parent's to do (it closes the workers)
+            proc.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         child.close()
         self._procs[k], self._conns[k] = proc, parent
 

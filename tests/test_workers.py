@@ -2,6 +2,7 @@
 a dead worker ends its episodes as failures and is replaced, --env-workers 1 is today's path."""
 import os
 import signal
+import time
 
 from envs import make_env, resolve_workers
 from envs.alfworld import AlfWorldEnv
@@ -51,6 +52,24 @@ def test_a_dead_worker_ends_its_episodes_and_is_replaced(capsys):
         states = env.reset([tasks[1]] * 4)  # the replacement worker plays the next batch
         assert len(states) == 4 and not any(s.done for s in states)
         assert all(a is not None for a in env.step(["<think>x</think><action>look</action>"] * 4))
+    finally:
+        env.close()
+
+
+def test_a_ctrl_c_is_the_parents_to_handle_not_the_workers():
+    """Ctrl-C reaches every process of the terminal's group. The workers start with SIGINT ignored
+    (so none prints a KeyboardInterrupt traceback while it starts or plays), keep answering, and
+    the parent's own handler is back in place after they start."""
+    before = signal.getsignal(signal.SIGINT)
+    env = WorkerEnv("alfworld", 1, max_steps=3)
+    try:
+        task = env.tasks("train")[0]
+        env.reset([task])  # the worker is started here
+        assert signal.getsignal(signal.SIGINT) is before
+        os.kill(env._procs[0].pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert env._procs[0].is_alive()
+        assert env.step(["<think>x</think><action>look</action>"])[0] is not None and env.crashes == 0
     finally:
         env.close()
 
