@@ -33,7 +33,9 @@ gives W0 + s2 (B1 (s1 / s2) A1 + B2 A2), the same matrix.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import fcntl
 import json
 import math
@@ -64,6 +66,39 @@ def crash_point(name: str) -> None:
     """A named point between two writes of a run (a place where a kill is tested)."""
     if crash_hook is not None:
         crash_hook(name)
+
+
+# ----------------------------------------------------------------------------- file-system errors
+FS_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+             errno.ENOTDIR: "a part of the path is a file, not a folder", errno.EISDIR: "a folder is in the way"}
+FS_MESSAGES = {"No space left": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS}
+
+
+def file_system_problem(err: BaseException) -> str | None:
+    """What went wrong, when `err` (or what caused it) is the file system refusing a write; else None.
+    safetensors and torch's zip writer report a full disk as their own error types, with the OS's words."""
+    for e in (err, err.__cause__, err.__context__):
+        if isinstance(e, OSError) and e.errno in FS_ERRORS:
+            return FS_ERRORS[e.errno]
+        for words, code in FS_MESSAGES.items():
+            if e is not None and words in str(e):
+                return FS_ERRORS[code]
+    return None
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path, what: str):
+    """Turn a file-system refusal while writing `what` into one line that says what to do. Every
+    write of a run goes to a temporary name first, so what was written before stays intact."""
+    try:
+        yield
+    except Exception as err:
+        why = file_system_problem(err)
+        if why is None:
+            raise
+        raise UserError(f"cannot write {what} in {run_dir}: {why}. The last checkpoint and `latest` are intact: "
+                        f"free space (or fix the folder), then continue with python train.py --resume {run_dir}") from None
 
 
 # ----------------------------------------------------------------------------- small safe files
@@ -296,10 +331,11 @@ class RunFolder:
 
     def start(self, config: dict, iteration_done: int) -> None:
         if self.main:
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path / "config.json", json.dumps(config, indent=1))
-            trim_log(self.metrics, iteration_done)  # a resumed run's log reads as if it had never stopped
-            trim_log(self.samples, iteration_done)
+            with writing(self.path, "config.json and the logs"):
+                self.path.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.path / "config.json", json.dumps(config, indent=1))
+                trim_log(self.metrics, iteration_done)  # a resumed run's log reads as if it had never stopped
+                trim_log(self.samples, iteration_done)
 
     def logged(self) -> list[dict]:
         """The metrics lines on disk (after `start`: those of the iterations up to the restored one)."""
@@ -309,17 +345,19 @@ class RunFolder:
 
     def log(self, metrics: dict, samples: list[dict]) -> None:
         if self.main:
-            append_jsonl(self.metrics, [metrics])
-            crash_point("metrics logged")
-            append_jsonl(self.samples, samples)
-            crash_point("samples logged")
+            with writing(self.path, "metrics.jsonl and samples.jsonl"):
+                append_jsonl(self.metrics, [metrics])
+                crash_point("metrics logged")
+                append_jsonl(self.samples, samples)
+                crash_point("samples logged")
 
     def save_evaluation(self, iteration: int, record: dict) -> Path | None:
         """An in-loop evaluation as eval.py writes one: eval_<env>_<split>_iter-NNNNNN.json."""
         if not self.main:
             return None
         path = self.path / f"eval_{record['config']['env']}_{record['config']['split']}_iter-{iteration:06d}.json"
-        write_atomic(path, json.dumps(record, indent=1))
+        with writing(self.path, path.name):
+            write_atomic(path, json.dumps(record, indent=1))
         return path
 
     def save(self, iteration: int, model, optimizer, task_rng: random.Random, config: dict,
@@ -328,7 +366,8 @@ class RunFolder:
         the next checkpoint: this checkpoint's copy (older checkpoints may be pruned), or None."""
         if not self.main:
             return warmstart
-        final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep)
+        with writing(self.path, f"the checkpoint of iteration {iteration}"):
+            final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep)
         return None if warmstart is None else final / "warmstart"
 
 

@@ -205,3 +205,28 @@ def test_no_run_writes_into_the_root_the_home_folder_the_repository_or_a_folder_
     with pytest.raises(UserError, match=r"holds files no run wrote \(chapter1.tex\)"):
         tiny_train(tiny_args(mine, iterations=1))
     assert sorted(p.name for p in mine.iterdir()) == ["chapter1.tex"]
+
+
+@pytest.mark.parametrize("where, error", [
+    ("metrics logged", OSError(28, "No space left on device")),  # append_jsonl's own error
+    ("checkpoint written", RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                        "message: \"No space left on device\" })")),  # safetensors' words for it
+    ("latest updated", OSError(30, "Read-only file system")),
+])
+def test_a_full_or_read_only_disk_is_one_line_and_the_run_resumes_once_fixed(tmp_path, monkeypatch, where, error):
+    """A file-system refusal at a write point is one UserError naming the run folder and --resume;
+    the previous checkpoint and `latest` stay intact, and the run resumes once the disk is fixed."""
+    out = tmp_path / "run"
+    tiny_train(tiny_args(out, iterations=1))
+
+    def refuse(name):
+        if name == where:
+            raise error
+
+    monkeypatch.setattr(checkpoint, "crash_hook", refuse)
+    with pytest.raises(UserError, match=r"cannot write .* (no space left|read-only).* --resume"):
+        tiny_train(tiny_args(out, iterations=2, resume=str(out)))
+    monkeypatch.setattr(checkpoint, "crash_hook", None)
+    assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) in (1, 2)  # 2 only after `latest` was renamed
+    lines, _ = tiny_train(tiny_args(out, iterations=2, resume=str(out)))
+    assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 2
