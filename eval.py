@@ -151,8 +151,12 @@ def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, 
     policy = ModelPolicy(model, tokenizer, max_new_tokens, temperature=0.0)
     with torch.random.fork_rng(devices=[]):
         metrics, trajs = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
-    return ({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-            {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs})
+    return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, game_outcomes(trajs)
+
+
+def game_outcomes(trajs) -> dict:
+    """Each game's outcome, as eval.py's JSON holds it (for intervals paired over games)."""
+    return {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs}
 
 
 def print_table(metrics: dict, title: str) -> None:
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     metrics, trajs = evaluate(env, policy, task_ids, history_len, args.batch_size)
     metrics["wall_seconds"] = time.perf_counter() - t0
-    metrics["games"] = {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs}  # for paired intervals
+    metrics["games"] = game_outcomes(trajs)
     metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
     print_table(metrics, f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else ""))

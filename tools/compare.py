@@ -111,8 +111,7 @@ def run_summary(metrics: list[dict], final_window: int) -> dict:
     """The per-run numbers the module docstring defines."""
     success = [m["success"] for m in metrics]
     evals = [m["eval/success"] for m in metrics if m.get("eval/success") is not None]
-    seconds = [sum(v for k, v in m.items() if k.startswith("seconds/") and k != "seconds/env" and v is not None)
-               for m in metrics]  # the stages (seconds/env is a part of seconds/rollout)
+    seconds = [iteration_seconds(m) for m in metrics]
     return {"iterations": len(metrics), "final_success": sum(success[-final_window:]) / len(success[-final_window:]),
             "auc_success": sum(success) / len(success), "eval_success": evals[-1] if evals else None,
             "s_per_iter": sum(seconds) / len(seconds)}
@@ -172,11 +171,16 @@ def won_by_game(record: dict) -> dict | None:
     return {g: bool(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
 
 
+def iteration_seconds(m: dict) -> float:
+    """Wall seconds of one metrics line: its stages (seconds/env is a part of seconds/rollout)."""
+    return sum(v for k, v in m.items() if k.startswith("seconds/") and k != "seconds/env" and v is not None)
+
+
 def wall_minutes(metrics: list[dict]) -> list[float]:
     """Cumulative wall minutes at the end of each iteration (every stage and evaluation)."""
     total, out = 0.0, []
     for m in metrics:
-        total += sum(v for k, v in m.items() if k.startswith("seconds/") and k != "seconds/env" and v is not None)
+        total += iteration_seconds(m)
         out.append(total / 60)
     return out
 
