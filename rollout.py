@@ -32,10 +32,18 @@ import contextlib
 import importlib.util
 import inspect
 import json
+import logging
 import os
+import warnings
 from pathlib import Path
 
-import infra  # noqa: F401  first: its __init__ quiets two third-party notices before peft loads bitsandbytes
+# Two third-party notices that tell a user of this project nothing, filtered by their exact text
+# before peft loads (it imports bitsandbytes): bitsandbytes logs that an optional CPU kernel
+# package (`kernels`) is missing, and its CPU path works without it; transformers warns that peft
+# reads a deprecated attribute (is_gradient_checkpointing).
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: "Failed to load CPU gemm_4bit_forward" not in record.getMessage())
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 # isort: split
 import psutil
 import torch
@@ -55,7 +63,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from infra.cli import UserError
+from errors import UserError
 from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids, shared_prefix_len
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"

@@ -26,7 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from infra.cli import UserError
+from errors import UserError
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins

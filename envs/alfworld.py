@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
-from infra.cli import DataError
+from errors import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")

@@ -44,7 +44,7 @@ import Stemmer
 
 from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
-from infra.cli import DataError
+from errors import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
 SPLITS = ("train", "test")

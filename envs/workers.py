@@ -25,7 +25,7 @@ import threading
 import time
 
 from envs import EnvStep, check_responses, make_env
-from infra.cli import DataError
+from errors import DataError
 
 
 def _serve(conn, name: str, kwargs: dict) -> None:

@@ -46,12 +46,13 @@ import shutil
 import time
 from pathlib import Path
 
+from rollout import load_policy  # first: rollout quiets two third-party notices before peft loads
+# isort: split
 import torch
 from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
-from infra.cli import UserError
-from rollout import load_policy
+from errors import Stopped, Terminated, UserError, signals_deferred
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
 CHECKPOINT_NAME = re.compile(r"iter-(\d+)")  # the only names train.py gives a checkpoint
@@ -272,8 +273,19 @@ class RunFolder:
         self.lock()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, err, traceback) -> None:
         self.unlock()
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, Stopped):  # Ctrl-C or SIGTERM
+            raise Stopped(self.kept(), isinstance(err, Terminated)) from None
+
+    def kept(self) -> str:
+        """What a stopped run leaves, in one line: its last checkpoint and how to go on."""
+        try:
+            done = read_iteration(find_checkpoint(self.path))
+        except UserError:
+            return f"{self.path} holds no checkpoint yet; the same command starts the run again from iteration 1"
+        return (f"{self.path} keeps iteration {done} ({CHECKPOINTS}/iter-{done:06d}; what came after it is run again); "
+                f"continue with python train.py --resume {self.path}")
 
     def lock(self) -> None:
         """Hold the run folder: one writer at a time. An exclusive flock on RUN/.lock (the holder's
@@ -345,7 +357,7 @@ class RunFolder:
 
     def log(self, metrics: dict, samples: list[dict]) -> None:
         if self.main:
-            with writing(self.path, "metrics.jsonl and samples.jsonl"):
+            with signals_deferred(), writing(self.path, "metrics.jsonl and samples.jsonl"):
                 append_jsonl(self.metrics, [metrics])
                 crash_point("metrics logged")
                 append_jsonl(self.samples, samples)
@@ -366,7 +378,7 @@ class RunFolder:
         the next checkpoint: this checkpoint's copy (older checkpoints may be pruned), or None."""
         if not self.main:
             return warmstart
-        with writing(self.path, f"the checkpoint of iteration {iteration}"):
+        with signals_deferred(), writing(self.path, f"the checkpoint of iteration {iteration}"):
             final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep)
         return None if warmstart is None else final / "warmstart"
 

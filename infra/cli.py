@@ -20,27 +20,26 @@ import sys
 import typing
 from pathlib import Path
 
+from errors import DataError, Stopped, Terminated, UserError, catch_sigterm  # noqa: F401  (DataError: re-exported)
+
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
 
 
-class UserError(Exception):
-    """Something the user can fix (a flag, a file, a folder): shown as one line, exit code 2."""
-
-
-class DataError(UserError, ValueError):
-    """Missing or malformed env data; the message names the file, the entry and the field."""
-
-
 def run(main) -> None:
-    """Entry point of a script: user errors become one line on stderr and exit code 2."""
+    """Entry point of a script: user errors become one line on stderr and exit code 2; SIGINT
+    and SIGTERM one line saying what was kept (a run's own, from train.py) and 130 or 143."""
+    catch_sigterm()
     try:
         result = main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("interrupted: a run folder keeps its last checkpoint; continue with --resume RUN_DIR", file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as err:
+        terminated = err.terminated if isinstance(err, Stopped) else isinstance(err, Terminated)
+        kept = str(err) if isinstance(err, Stopped) else ("stopped before it finished (a run folder keeps its last "
+                                                          "checkpoint: continue it with python train.py --resume RUN_DIR)")
+        print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: {kept}", file=sys.stderr)
+        raise SystemExit(143 if terminated else 130) from None
     raise SystemExit(0 if result is None or result else 1)
 
 
@@ -132,9 +131,17 @@ def parse_dataclass(cls, argv: list[str] | None = None, description: str | None 
     return cls(**vars(ns))
 
 
+SEED_LIMIT = 2**32  # torch, numpy and random take seeds in [0, 2^32) (beyond: a ValueError traceback)
+
+
+def seed_problems(flag: str, seeds: list[int]) -> list[str]:
+    return [f"{flag} must be in [0, 2^32); got {seed}" for seed in seeds if not 0 <= seed < SEED_LIMIT]
+
+
 def check_domains(args, positive: tuple = (), non_negative: tuple = (), finite: tuple = ()) -> list[str]:
-    """Problems with numeric flags, one string each, naming the flag."""
-    problems = []
+    """Problems with numeric flags, one string each, naming the flag (and --seed's range, when the
+    flags have one)."""
+    problems = seed_problems("--seed", [args.seed]) if isinstance(getattr(args, "seed", None), int) else []
     for name in positive + non_negative + finite:
         value = getattr(args, name)
         flag = "--" + name.replace("_", "-")

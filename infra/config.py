@@ -167,8 +167,6 @@ def check_args(args) -> None:
         problems.append(f"--lam must be in [0, 1]; got {args.lam}")
     if math.isfinite(args.mult_eps) and not 0 < args.mult_eps < 1:
         problems.append(f"--mult-eps must be in (0, 1); got {args.mult_eps}")
-    if not 0 <= args.seed < 2**32:
-        problems.append(f"--seed must be in [0, 2^32); got {args.seed}")
     for flag, value, limit in (("--groups x --group-size (episodes per iteration)", args.groups * args.group_size,
                                 MAX_EPISODES), ("--max-steps", args.max_steps, MAX_STEPS),
                                ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):

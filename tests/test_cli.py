@@ -114,3 +114,22 @@ def test_flags_at_their_edges_are_one_message(argv, needle):
     with pytest.raises(UserError) as err:
         train.parse_args(argv)
     assert needle in str(err.value) and str(err.value).count(";") == needle.count(";")
+
+
+@pytest.mark.parametrize("tool, argv, needle", [
+    ("eval", ["--policy", "random", "--seed", str(2**32)], "--seed must be in [0, 2^32); got 4294967296"),
+    ("eval", ["--policy", "random", "--seed", "-1"], "--seed must be in [0, 2^32); got -1"),
+    ("tools.warmstart", ["--seed", "-5"], "--seed must be in [0, 2^32); got -5"),
+    ("tools.credit", ["--seeds", "0,4294967296"], "--seeds must be in [0, 2^32); got 4294967296"),
+    ("tools.compare", ["--seeds", "-2", "--out", "unused", "--", "--model", "tiny"], "--seeds must be in [0, 2^32); got -2"),
+])
+def test_seeds_out_of_range_are_one_message_in_every_tool(tool, argv, needle, tmp_path, monkeypatch):
+    """Every --seed / --seeds is range-checked before anything loads (torch raised a ValueError
+    traceback for a seed beyond 2^32 - 1, and random.seed took a negative one silently)."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as err:
+        importlib.import_module(tool).main(argv)
+    assert needle in str(err.value)
+    assert not (tmp_path / "unused").exists()

@@ -4,17 +4,23 @@ progress: the resumed run ends with the weights and metrics of the run that was 
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import errors
 import train
 from infra import checkpoint
 from infra.cli import UserError
 from stub_env import StubEnv
 from tiny_runs import tiny_args, tiny_run_folder, tiny_train
 
+ROOT = Path(__file__).resolve().parent.parent
 TIMING = ("seconds/", "tokens_per_s", "peak_memory")
 
 
@@ -71,6 +77,30 @@ class _Killed(BaseException):
     """Stands in for kill -9: unwinds without running any `except Exception` handler."""
 
 
+def _on_second_pass(monkeypatch, point: str, act) -> None:
+    """Call act() the second time the run passes `point` (so inside iteration 2): after the
+    Trainer method of a stage, or at a write of the run folder (checkpoint.crash_hook)."""
+    calls = {"n": 0}
+
+    def hit(name):
+        if name == point:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                act()
+
+    if point in STAGES:
+        method = getattr(train.Trainer, STAGES[point])
+
+        def wrapped(self, *a, **k):
+            result = method(self, *a, **k)
+            hit(point)
+            return result
+
+        monkeypatch.setattr(train.Trainer, STAGES[point], wrapped)
+    else:
+        monkeypatch.setattr(checkpoint, "crash_hook", hit)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight") / "run"
@@ -85,25 +115,11 @@ def test_a_kill_at_any_point_loses_at_most_one_iteration(tmp_path, monkeypatch, 
     iteration logged once; what was lost is at most the iteration in progress."""
     history, weights = uninterrupted
     out = tmp_path / "run"
-    calls = {"n": 0}
 
-    def kill_on_second(name):
-        if name == point:
-            calls["n"] += 1
-            if calls["n"] == 2:  # the second time: inside iteration 2
-                raise _Killed(name)
+    def kill():
+        raise _Killed(point)
 
-    if point in STAGES:
-        method = getattr(train.Trainer, STAGES[point])
-
-        def wrapped(self, *a, **k):
-            result = method(self, *a, **k)
-            kill_on_second(point)
-            return result
-
-        monkeypatch.setattr(train.Trainer, STAGES[point], wrapped)
-    else:
-        monkeypatch.setattr(checkpoint, "crash_hook", kill_on_second)
+    _on_second_pass(monkeypatch, point, kill)
     with pytest.raises(_Killed):
         tiny_train(tiny_args(out))
     monkeypatch.undo()
@@ -120,6 +136,95 @@ def test_a_kill_at_any_point_loses_at_most_one_iteration(tmp_path, monkeypatch, 
     assert [_strip(m) for m in logged] == [_strip(m) for m in history]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter-000002", "iter-000003"]
     assert os.readlink(out / "latest") == "checkpoints/iter-000003"
+
+
+# Where a stop may land: after each stage, and at the writes of the log and of a checkpoint, which
+# hold a signal until they end (errors.signals_deferred): a stop inside a checkpoint keeps it.
+KEPT_AFTER = {**{point: 1 for point in STAGES}, "metrics logged": 1, "samples logged": 1,
+              "checkpoint written": 2, "checkpoint renamed": 2, "latest updated": 2}
+
+
+def _resumes_to_the_uninterrupted_run(out, done, uninterrupted):
+    history, weights = uninterrupted
+    rest, trainer = tiny_train(train.parse_args(["--resume", str(out)]))
+    assert [m["iteration"] for m in rest] == list(range(done + 1, 4))
+    assert all(torch.equal(weights[n], p) for n, p in _lora(trainer.model).items())
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [_strip(m) for m in logged] == [_strip(m) for m in history]
+
+
+def test_the_tiny_run_changes_its_weights(uninterrupted):
+    """The signal and kill tests compare weights: that proves something only if training moves them."""
+    _, weights = uninterrupted
+    start = _lora(train.Trainer(tiny_args("unused")).model)
+    assert any(not torch.equal(start[n], w) for n, w in weights.items())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("point", list(KEPT_AFTER))
+def test_a_signal_at_any_point_says_what_was_kept_and_resumes(tmp_path, monkeypatch, point, signum, uninterrupted):
+    """A real SIGINT or SIGTERM sent to the run at `point` of iteration 2: the run stops with one
+    message naming the iteration its folder kept and --resume; the resumed run ends with the
+    uninterrupted run's weights and metrics."""
+    out = tmp_path / "run"
+    _on_second_pass(monkeypatch, point, lambda: os.kill(os.getpid(), signum))
+    before = signal.getsignal(signal.SIGTERM)
+    errors.catch_sigterm()
+    try:
+        with pytest.raises(errors.Stopped) as stopped:
+            tiny_train(tiny_args(out))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    monkeypatch.undo()
+    done = checkpoint.read_iteration(checkpoint.find_checkpoint(out))
+    assert done == KEPT_AFTER[point]
+    assert stopped.value.terminated == (signum == signal.SIGTERM)
+    assert f"keeps iteration {done} (checkpoints/iter-{done:06d}" in str(stopped.value)
+    assert f"python train.py --resume {out}" in str(stopped.value)
+    _resumes_to_the_uninterrupted_run(out, done, uninterrupted)
+
+
+STOP_IN_UPDATE = """
+import os, pathlib, sys, time
+sys.path.insert(0, "tests")
+import torch
+torch.set_num_threads(1)
+import train
+from infra.cli import run
+from tiny_runs import tiny_args, tiny_train
+out, calls, update = sys.argv[1], [], train.Trainer.update
+def update_then_wait(self, batch):
+    result = update(self, batch)
+    calls.append(1)
+    if len(calls) == 2:  # iteration 2's update is done: say so, then wait for the signal
+        pathlib.Path(out + ".ready").write_text("ready")
+        time.sleep(120)
+    return result
+train.Trainer.update = update_then_wait
+run(lambda: tiny_train(tiny_args(out)) and None)
+"""
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                (signal.SIGINT, 130, "interrupted")], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_from_outside_is_one_line_and_no_traceback(tmp_path, signum, code, word, uninterrupted):
+    """`kill PID` (or Ctrl-C) from outside, a run of its own process: exit 143 (130), no
+    traceback, the last line names the iteration kept; --resume ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", STOP_IN_UPDATE, str(out)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ready = Path(f"{out}.ready")
+    deadline = time.time() + 240
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert ready.exists(), proc.communicate()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (f"{word}: {out} keeps iteration 1 (checkpoints/iter-000001; what came "
+                                            f"after it is run again); continue with python train.py --resume {out}")
+    _resumes_to_the_uninterrupted_run(out, 1, uninterrupted)
 
 
 def test_a_torn_log_line_does_not_stop_a_resume(tmp_path):

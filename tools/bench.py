@@ -35,7 +35,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import infra  # noqa: F401  first: its __init__ quiets two third-party notices before peft loads bitsandbytes
+import rollout  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
 # isort: split
 import torch
 from peft import LoraConfig, get_peft_model

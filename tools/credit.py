@@ -63,7 +63,7 @@ from envs import history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import WARMSTART
 from rollout import ModelPolicy, load_policy, play_episodes, resolve_dtype, rows_logprobs
 from segments import (
@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> dict:
         seeds = []
     if not seeds:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
+    problems += seed_problems("--seeds", seeds)
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")

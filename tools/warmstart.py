@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from envs import extract_action, history_length, make_env
 from eval import pick_games
-from infra.cli import parse_dataclass, run
+from infra.cli import UserError, check_domains, parse_dataclass, run
 from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
 
@@ -172,6 +172,8 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
+    if problems := check_domains(args):
+        raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # saved as it ran
     random.seed(args.seed)
     torch.manual_seed(args.seed)

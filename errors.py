@@ -1,0 +1,66 @@
+"""The error types every layer raises, and the stop signals: the ground floor (imports nothing
+of the project), so envs/, rollout.py and infra/ all take them from here.
+
+A `UserError` is something the user can fix (a flag, a file, a folder); `infra.cli.run` prints
+it as one line and exits with code 2. SIGINT (Ctrl-C) and SIGTERM (`kill`, a scheduler's stop)
+both arrive as a `KeyboardInterrupt` (`Terminated` for SIGTERM), so one `except` stops a run
+cleanly whichever came; a run folder (infra/checkpoint.py `RunFolder`) turns it into `Stopped`,
+whose message says what the folder kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+
+class UserError(Exception):
+    """Something the user can fix (a flag, a file, a folder): shown as one line, exit code 2."""
+
+
+class DataError(UserError, ValueError):
+    """Missing or malformed env data; the message names the file, the entry and the field."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread was, like Ctrl-C's KeyboardInterrupt."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A run stopped by a signal; the message is the one line saying what was kept."""
+
+    def __init__(self, kept: str, terminated: bool):
+        super().__init__(kept)
+        self.terminated = terminated  # SIGTERM (else SIGINT)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def catch_sigterm() -> None:
+    """SIGTERM becomes `Terminated` in the main thread (the default would end the process at once,
+    without a word and without closing its env workers)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM until the block ends (a checkpoint, a log line): a stop lands
+    before or after the block, never inside it. A signal that came meanwhile is raised at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+    if held:
+        raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
