@@ -248,3 +248,37 @@ def test_credit_end_to_end_on_the_stub_env():
             assert part in table["scores"][name]
     grpo = table["scores"]["grpo"]["blame/label"]["auc"]
     assert math.isnan(grpo) or grpo == 0.5
+
+
+def test_compare_starts_runs_seed_by_seed_and_passes_a_stop_on(tmp_path, monkeypatch):
+    """Every algorithm of seed 0 starts before any of seed 1 (a set stopped halfway compares like
+    with like); a Ctrl-C stops the runs it started and says the same command resumes them."""
+    import signal
+    import subprocess
+    import sys
+
+    started, procs = [], []
+
+    def fake_launch(algo, seed, run, train_flags, threads, state):
+        started.append((algo, seed))
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.DEVNULL))
+        return procs[-1]
+
+    real_sleep, stops = compare.time.sleep, []
+
+    def ctrl_c_once_all_started(seconds):  # compare.py's poll: the Ctrl-C lands there, once
+        if len(started) == 4 and not stops:
+            stops.append(1)
+            raise KeyboardInterrupt()
+        real_sleep(min(seconds, 0.05))
+
+    monkeypatch.setattr(compare, "launch", fake_launch)
+    monkeypatch.setattr(compare.time, "sleep", ctrl_c_once_all_started)
+    with pytest.raises(compare.Stopped, match="the same command resumes them") as stopped:
+        compare.main(["--algos", "sharpo,grpo", "--seeds", "0,1", "--jobs", "4", "--out", str(tmp_path),
+                      "--", "--model", "tiny"])
+    returncodes = [p.returncode for p in procs]
+    assert started == [("sharpo", 0), ("grpo", 0), ("sharpo", 1), ("grpo", 1)]
+    assert "sharpo seed 0, grpo seed 0, sharpo seed 1, grpo seed 1" in str(stopped.value)
+    assert not stopped.value.terminated  # and every fake run was stopped (the 60 s sleeps did not run out):
+    assert all(code == -signal.SIGINT for code in returncodes)

@@ -3,7 +3,9 @@
 Runs `train.py` once per (algorithm, seed) with otherwise identical flags (the flags after
 `--`), each in OUT/<algo>-seed<k>; the same seed draws the same tasks for every algorithm (the
 task sampler is seeded by --seed alone). A finished run is not rerun, a killed one is resumed,
-so the command can be repeated until everything is done. Then it gathers the run folders and
+so the command can be repeated until everything is done; runs start seed by seed (every
+algorithm of seed 0, then of seed 1, ...), so a set stopped halfway still compares like with
+like. Then it gathers the run folders and
 writes into OUT:
   curves.png    success, mean reward, invalid rate and groups with spread per iteration:
                 the mean over seeds, with a 95% t-interval band, one colour per algorithm
@@ -40,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +52,8 @@ from pathlib import Path
 import train
 from advantage import ALGORITHMS
 from infra.checkpoint import find_checkpoint, read_iteration
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from errors import Stopped, Terminated
+from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import SPLITS
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -338,6 +342,19 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def stop_runs(procs: list[subprocess.Popen], signum: int) -> None:
+    """Stop the runs still going: a Ctrl-C at the terminal reached them already (one process
+    group), so each gets 2 s to stop by itself, then the signal compare.py got."""
+    deadline = time.time() + 2
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signum)
+    for proc in procs:
+        proc.wait()
+
+
 def evaluated_iteration(path: Path) -> int | None:
     """The training iteration of the checkpoint an eval.py result evaluated (None: no such file or no checkpoint)."""
     if not path.is_file():
@@ -401,6 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
         seeds = []
+    problems += seed_problems("--seeds", seeds)
     problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join(ALGORITHMS)})" for a in algos if a not in ALGORITHMS]
     for flag in ("--algo", "--seed", "--output-dir", "--resume"):
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
@@ -413,23 +431,30 @@ def main(argv: list[str] | None = None) -> dict:
         raise UserError("; ".join(problems))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs_of = {(a, s): out / f"{a}-seed{s}" for a in algos for s in seeds}
+    runs_of = {(a, s): out / f"{a}-seed{s}" for s in seeds for a in algos}  # seed by seed: what is done compares
     if not args.gather_only:
         todo = [(key, run_state(run, run_flags.iterations)) for key, run in runs_of.items()]
         todo = [(key, state) for key, state in todo if state != "done"]
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         running: list[tuple[tuple, subprocess.Popen]] = []
         print(f"compare: {len(runs_of)} runs, {len(todo)} to (re)start, {args.jobs} at a time -> {out}")
-        while todo or running:
-            while todo and len(running) < args.jobs:
-                (algo, seed), state = todo.pop(0)
-                print(f"  start {algo} seed {seed} ({state}); log: {out / f'{algo}-seed{seed}.log'}", flush=True)
-                running.append(((algo, seed), launch(algo, seed, runs_of[(algo, seed)], train_flags, threads, state)))
-            time.sleep(2)
-            for item in [r for r in running if r[1].poll() is not None]:
-                running.remove(item)
-                (algo, seed), proc = item
-                print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}", flush=True)
+        try:
+            while todo or running:
+                while todo and len(running) < args.jobs:
+                    (algo, seed), state = todo.pop(0)
+                    print(f"  start {algo} seed {seed} ({state}); log: {out / f'{algo}-seed{seed}.log'}", flush=True)
+                    running.append(((algo, seed), launch(algo, seed, runs_of[(algo, seed)], train_flags, threads, state)))
+                time.sleep(2)
+                for item in [r for r in running if r[1].poll() is not None]:
+                    running.remove(item)
+                    (algo, seed), proc = item
+                    print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}",
+                          flush=True)
+        except KeyboardInterrupt as err:
+            stop_runs([proc for _, proc in running], signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+            raise Stopped(f"each unfinished run ({', '.join(f'{a} seed {s}' for (a, s), _ in running)}) keeps its last "
+                          "checkpoint (its log says which); the same command resumes them",
+                          isinstance(err, Terminated)) from None
     runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
     records = evaluate(out, runs_of, args, run_flags.iterations) if args.eval_split else {}
     held_out = {k: r["success"] for k, r in records.items()} or None
