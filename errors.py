@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 
@@ -40,9 +41,26 @@ def _raise_terminated(signum, frame):
 
 def catch_sigterm() -> None:
     """SIGTERM becomes `Terminated` in the main thread (the default would end the process at once,
-    without a word and without closing its env workers)."""
+    without a word and without closing its env workers), and SIGINT Python's KeyboardInterrupt."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stop_while_starting(signum, frame):
+    terminated = signum == signal.SIGTERM
+    print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: stopped while starting, before anything "
+          "was written", file=sys.stderr)
+    raise SystemExit(143 if terminated else 130)
+
+
+def quiet_start(module: str) -> None:
+    """First line of a script: while it still imports (torch and transformers take seconds), a
+    SIGINT or SIGTERM ends it with one line instead of a traceback. Only for the script run
+    (`module == "__main__"`); `infra.cli.run` then takes over with `catch_sigterm`."""
+    if module == "__main__" and threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, _stop_while_starting)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

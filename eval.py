@@ -22,6 +22,11 @@ Run: python eval.py --env alfworld --policy expert            (the shipped games
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import json
 import random
 import time

@@ -28,6 +28,11 @@ Run: python train.py --env alfworld            (the CPU demo preset when no GPU 
 """
 from __future__ import annotations
 
+import errors  # [run] first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)  # [run]
+# isort: split
+
 import random
 import sys
 import time

@@ -1,13 +1,22 @@
-"""A sweep of hostile inputs: crafted run folders and corrupted data sets, each run through the
-real command lines, and every outcome classified. Not part of the test suite (it takes ~20
-minutes); the suite tests each kind of case once, this counts them all.
+"""A sweep of hostile inputs: crafted run folders and corrupted data sets, signals, a full disk,
+two writers on one run folder and flags at their edges, each through the real command lines, and
+every outcome classified. Not part of the test suite (it takes ~30 minutes); the suite tests each
+kind of case once, this counts them all.
 
-A run ends well in one of two ways: exit 2 with one `error: ...` line and no traceback, or exit
-0 with an unchanged task (the expert's success equal to the clean data's). Anything else (a
-traceback, another exit code, a changed expert success, a marker file written by a payload)
-is counted as a failure and printed.
+A case ends well in one of these ways: exit 2 with one `error: ...` line and no traceback; exit
+0 with an unchanged task (the expert's success equal to the clean data's); for a signal, exit 130
+or 143 with one line saying what was kept, then a resume that ends with the uninterrupted run's
+weights and metrics; for a full disk, one line, `latest` intact, and the same resume once space
+is freed; for two writers, one refused with one line and the other's run intact. Anything else
+(a traceback, another exit code, a hang, a changed task or result, a lost checkpoint, a marker
+file written by a payload) is counted as a failure and printed.
 
-Run: python tests/hostile_sweep.py [--out /tmp/sweep]
+Signals, a full disk and two writers train the tiny model on the scripted env of the tests (its
+reward depends on the sampled text, so the weights move and "the same weights" means something),
+through `infra.cli.run` as train.py's own main does. The full disk is a small tmpfs (needs root;
+those cases are skipped with a line otherwise).
+
+Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data]
 """
 from __future__ import annotations
 
@@ -15,12 +24,15 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -248,10 +260,271 @@ def webshop_cases() -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- signals, disk, writers
+# train.py's loop on the tests' scripted env (StubEnv), through infra.cli.run like train.py's main.
+STUB_DRIVER = """
+import errors
+errors.quiet_start(__name__)  # as train.py's first lines
+import sys
+sys.path.insert(0, "tests")
+import torch
+torch.set_num_threads(1)
+import train
+from infra.cli import run
+from stub_env import StubEnv
+def main():
+    args = train.parse_args(sys.argv[1:])
+    train.train(args, train.Trainer(args, env=StubEnv(args.max_steps)))
+run(main)
+"""
+STUB_FLAGS = ["--model", "tiny", "--preset", "none", "--iterations", "3", "--groups", "2", "--group-size", "4",
+              "--max-steps", "2", "--max-new-tokens", "8", "--lr", "1e-2", "--lora-r", "4", "--lora-alpha", "8",
+              "--eval-every", "0", "--hindsight", "expert", "--seed", "5"]
+TIMING = ("seconds/", "tokens_per_s", "peak_memory")
+
+
+def stub(folder: Path, resume: bool = False, **popen) -> subprocess.Popen:
+    argv = ["--resume", str(folder)] if resume else [*STUB_FLAGS, "--output-dir", str(folder)]
+    return subprocess.Popen([PY, "-c", STUB_DRIVER, *argv], cwd=ROOT, text=True, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 600) -> tuple[int | None, str, str]:
+    """(exit code or None for a hang, stdout, stderr)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err
+
+
+def run_result(folder: Path) -> tuple[list[dict], dict] | None:
+    """(metrics without timings, adapter tensors of `latest`), or None if the run did not finish."""
+    latest = folder / "latest"
+    if not (latest / "state.json").is_file():
+        return None
+    metrics = [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)}
+               for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return metrics, load_file(str(latest / "adapter_model.safetensors"))
+
+
+def same_run(a, b) -> bool:
+    return (a is not None and b is not None and a[0] == b[0] and a[1].keys() == b[1].keys()
+            and all(torch.equal(a[1][k], b[1][k]) for k in a[1]))
+
+
+def kept_ok(folder: Path, printed: int) -> bool:
+    """No checkpoint lost: every iteration whose progress line was printed has its checkpoint
+    (a save precedes the line), and `latest`, if there, resolves to a complete checkpoint."""
+    latest = folder / "latest"
+    if latest.is_symlink() and not (latest / "state.json").is_file():
+        return False
+    if printed == 0:
+        return True
+    return (latest / "state.json").is_file() and json.loads((latest / "state.json").read_text())["iteration"] >= printed
+
+
+def printed_iterations(stdout: str) -> int:
+    return sum(1 for line in stdout.splitlines() if line.startswith("iter "))
+
+
+def resume_and_compare(folder: Path, reference) -> str:
+    """Resume (or restart, when no checkpoint was kept) to the end; compare with the reference."""
+    has_checkpoint = (folder / "latest" / "state.json").is_file()
+    code, _, err = finish(stub(folder, resume=has_checkpoint))
+    if code != 0:
+        return f"resume failed (exit {code}): {(err.strip().splitlines() or [''])[-1][:80]}"
+    return "identical resume" if same_run(run_result(folder), reference) else "RESUME DIFFERS"
+
+
+def stop_line_ok(code, err: str, signum: int) -> bool:
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    word = "terminated (SIGTERM): " if signum == signal.SIGTERM else "interrupted: "
+    return code == (143 if signum == signal.SIGTERM else 130) and bool(lines) and lines[-1].startswith(word)
+
+
+def signal_cases(work: Path, reference, seconds: float, record) -> None:
+    """SIGINT and SIGTERM at 12 moments spread over a run (start-up, rollout, update, checkpoint),
+    to the run alone; then SIGTERM and SIGINT to the whole process group of an ALFWorld run with
+    two env worker processes (the workers must not print a traceback)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        for k in range(12):
+            delay = 2.0 + (seconds - 2.0) * k / 12
+            folder = work / "signals" / f"{signum.name}-{k:02d}"
+            shutil.rmtree(folder, ignore_errors=True)
+            proc = stub(folder)
+            time.sleep(delay)
+            proc.send_signal(signum)
+            code, out, err = finish(proc)
+            name = f"{signum.name} after {delay:.0f} s"
+            if code is None:
+                record("signals", name, "train", "hang")
+            elif "Traceback" in err:
+                record("signals", name, "train", "traceback", err.strip().splitlines()[-1][:110])
+            elif not kept_ok(folder, printed_iterations(out)):
+                record("signals", name, "train", "CHECKPOINT LOST")
+            elif code == 0:
+                record("signals", name, "train", "finished first" if same_run(run_result(folder), reference)
+                       else "RESULT DIFFERS")
+            elif not stop_line_ok(code, err, signum):
+                record("signals", name, "train", f"exit {code}", (err.strip().splitlines() or [""])[-1][:110])
+            else:
+                record("signals", name, "train", resume_and_compare(folder, reference), err.strip().splitlines()[-1][:90])
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        for delay in (4, 12, 25, 40):
+            folder = work / "signals" / f"group-{signum.name}-{delay}"
+            shutil.rmtree(folder, ignore_errors=True)
+            argv = ["train.py", "--model", "tiny", "--preset", "none", "--env", "alfworld", "--env-workers", "2",
+                    "--iterations", "2", "--groups", "2", "--group-size", "2", "--max-steps", "3",
+                    "--max-new-tokens", "8", "--lora-r", "4", "--lora-alpha", "8", "--eval-every", "0",
+                    "--output-dir", str(folder)]
+            proc = subprocess.Popen([PY, *argv], cwd=ROOT, text=True, env=ENV, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+            time.sleep(delay)
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+            code, out, err = finish(proc)
+            name = f"group {signum.name} after {delay} s (2 workers)"
+            if code is None:
+                outcome = "hang"
+            elif "Traceback" in err:
+                outcome = "traceback"
+            elif not kept_ok(folder, printed_iterations(out)):
+                outcome = "CHECKPOINT LOST"
+            elif code == 0 or stop_line_ok(code, err, signum):
+                outcome = "ok" if code == 0 else "one-line stop"
+            else:
+                outcome = f"exit {code}"
+            record("signals", name, "train", outcome, (err.strip().splitlines() or [""])[-1][:110])
+
+
+def disk_cases(work: Path, reference, record) -> None:
+    """A run folder on a tmpfs that fills at different writes (config, logs, a checkpoint's
+    adapter, its optimizer state, `latest`); then the tmpfs is grown and the run resumed."""
+    if os.geteuid() != 0:
+        print("disk full: skipped (mounting a small tmpfs needs root)")
+        return
+    for size_kib in (8, 16, 64, 160, 240, 320, 480, 720):
+        mount = work / "disk" / f"{size_kib}k"
+        mount.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["umount", str(mount)], capture_output=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)]).returncode:
+            print("disk full: skipped (mount failed)")
+            return
+        try:
+            folder = mount / "run"
+            code, out, err = finish(stub(folder))
+            name = f"tmpfs of {size_kib} KiB"
+            last = (err.strip().splitlines() or [""])[-1]
+            if code is None:
+                record("disk full", name, "train", "hang")
+            elif "Traceback" in err:
+                record("disk full", name, "train", "traceback", last[:110])
+            elif not kept_ok(folder, printed_iterations(out)):
+                record("disk full", name, "train", "CHECKPOINT LOST")
+            elif code == 0:
+                record("disk full", name, "train", "ok (it fitted)")
+            elif code != 2 or not last.startswith("error: cannot "):
+                record("disk full", name, "train", f"exit {code}", last[:110])
+            else:
+                subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
+                record("disk full", name, "train", resume_and_compare(folder, reference), last[:90])
+        finally:
+            subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def writer_cases(work: Path, reference, record) -> None:
+    """Two runs on one fresh folder started together; a --resume, and a new run's --output-dir,
+    onto a folder whose run is still going."""
+    folder = work / "writers" / "together"
+    shutil.rmtree(folder, ignore_errors=True)
+    procs = [stub(folder), stub(folder)]
+    results = [finish(p) for p in procs]
+    codes = sorted(r[0] for r in results)
+    refused = [r for r in results if r[0] == 2]
+    if codes == [0, 2] and "is in use by" in refused[0][2] and same_run(run_result(folder), reference):
+        outcome = "one refused, run intact"
+    else:
+        outcome = f"exits {codes}, {'intact' if same_run(run_result(folder), reference) else 'RUN DAMAGED'}"
+    record("two writers", "two runs started together", "train", outcome)
+    for name, second in (("--resume while it runs", lambda f: stub(f, resume=True)),
+                         ("a new run's --output-dir onto it", lambda f: stub(f))):
+        folder = work / "writers" / name.split()[0].strip("-")
+        shutil.rmtree(folder, ignore_errors=True)
+        first = stub(folder)
+        deadline = time.time() + 300
+        while not (folder / "latest").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        code2, _, err2 = finish(second(folder))
+        code1, _, _ = finish(first)
+        ok = code2 == 2 and "is in use by" in err2 and code1 == 0 and same_run(run_result(folder), reference)
+        record("two writers", name, "train", "refused, run intact" if ok else
+               f"exits {code1}/{code2}, {'intact' if same_run(run_result(folder), reference) else 'RUN DAMAGED'}",
+               (err2.strip().splitlines() or [""])[-1][:90])
+
+
+# ----------------------------------------------------------------------------- flags at their edges
+TINY_WEBSHOP = ["--model", "tiny", "--preset", "none", "--env", "webshop", "--iterations", "1", "--groups", "1",
+                "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--lora-r", "4", "--lora-alpha", "8",
+                "--eval-every", "0"]
+
+
+def flag_cases() -> list[tuple[str, list[str]]]:
+    """(name, command line): each should be one line (exit 2) or a run that finishes quickly."""
+    train_cases = [
+        ["--seed", "-1"], ["--seed", str(2**32)], ["--seed", str(2**70)], ["--seed", "1.5"],
+        ["--lr", "-1e-3"], ["--lr", "0"], ["--lr", "nan"], ["--lr", "inf"], ["--lr", "-inf"], ["--lr", "1e400"],
+        ["--lam", "nan"], ["--lam", "-0.1"], ["--lam", "1.5"], ["--mult-eps", "0"], ["--mult-eps", "1"],
+        ["--temperature", "-1"], ["--temperature", "nan"], ["--kl-coef", "-1"], ["--gigpo-gamma", "2"],
+        ["--groups", "0"], ["--groups", "-3"], ["--groups", "100000"], ["--group-size", "100000"],
+        ["--group-size", "0"], ["--max-steps", "100000"], ["--max-steps", "-1"], ["--max-new-tokens", "0"],
+        ["--max-new-tokens", "100000"], ["--iterations", "0"], ["--iterations", "-1"], ["--lora-r", "0"],
+        ["--lora-alpha", "-8"], ["--ppo-epochs", "0"], ["--minibatches", "0"], ["--save-every", "0"],
+        ["--keep-checkpoints", "0"], ["--micro-batch-rows", "0"], ["--env-workers", "-1"], ["--eval-every", "-1"],
+        ["--groups", "99999999999999999999"], ["--lr", "1e-3x"], ["--max-plan-len", "-2"],
+    ]
+    cases = [(" ".join(c), ["train.py", *TINY_WEBSHOP, *c, "--output-dir", "{out}"]) for c in train_cases]
+    cases += [(f"eval {' '.join(c)}", ["eval.py", "--env", "webshop", "--policy", "random", "--num-games", "1", *c,
+                                       "--out", "{out}.json"])
+              for c in (["--seed", "-1"], ["--seed", str(2**32)], ["--batch-size", "0"], ["--max-steps", "-1"],
+                        ["--temperature", "nan"], ["--num-games", "-1"])]
+    cases += [("warmstart --seed -5", ["-m", "tools.warmstart", "--seed", "-5", "--out", "{out}"]),
+              ("credit --seeds 0,2^32", ["-m", "tools.credit", "--seeds", f"0,{2**32}", "--out", "{out}"]),
+              ("compare --seeds -2", ["-m", "tools.compare", "--seeds", "-2", "--out", "{out}", "--", "--model", "tiny"]),
+              ("compare --jobs 0", ["-m", "tools.compare", "--jobs", "0", "--out", "{out}", "--", "--model", "tiny"])]
+    return cases
+
+
+def flags_section(work: Path, marker: Path, record) -> None:
+    for k, (name, argv) in enumerate(flag_cases()):
+        out = work / "flags" / f"case-{k:02d}"
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            proc = run([a.replace("{out}", str(out)) for a in argv], timeout=180)
+            outcome = verdict(proc, marker)
+            last = (proc.stderr.strip().splitlines() or [""])[-1][:110]
+        except subprocess.TimeoutExpired:
+            outcome, last = "hang", ""
+        record("edge flags", name, argv[0].removesuffix(".py") if argv[0] != "-m" else argv[1], outcome, last)
+
+
+SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data")
+OK = ("one-line error", "ok", "unchanged task", "identical resume", "finished first", "one-line stop", "ok (it fitted)",
+      "one refused, run intact", "refused, run intact")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="work folder (default: a temporary one)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if only - set(SECTIONS):
+        ap.error(f"--only: unknown {', '.join(sorted(only - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
     work = Path(args.out or tempfile.mkdtemp(prefix="sweep-"))
     work.mkdir(parents=True, exist_ok=True)
     marker = work / "pwned"
@@ -260,15 +533,31 @@ def main() -> None:
     def record(kind: str, name: str, command: str, outcome: str, detail: str = "") -> None:
         counts.setdefault(kind, {}).setdefault(outcome, 0)
         counts[kind][outcome] += 1
-        ok = outcome in ("one-line error", "ok", "unchanged task")
+        ok = outcome in OK
         print(f"{'  ' if ok else '!!'} {kind:12s} {command:8s} {name:38s} {outcome} {detail}", flush=True)
         if not ok:
             bad.append((kind, name, command, outcome, detail))
 
+    if only & {"signals", "disk", "writers"}:
+        reference_folder = work / "reference"
+        shutil.rmtree(reference_folder, ignore_errors=True)
+        t0 = time.time()
+        code, _, err = finish(stub(reference_folder))
+        assert code == 0, err[-3000:]
+        seconds, reference = time.time() - t0, run_result(reference_folder)
+        print(f"the uninterrupted stub run: {seconds:.0f} s", flush=True)
+        if "signals" in only:
+            signal_cases(work, reference, seconds, record)
+        if "disk" in only:
+            disk_cases(work, reference, record)
+        if "writers" in only:
+            writer_cases(work, reference, record)
+    if "flags" in only:
+        flags_section(work, marker, record)
     base = work / "base"
-    if not base.exists():
+    if "folders" in only and not base.exists():
         tiny_run(base)
-    for name, damage in run_folder_cases(marker).items():
+    for name, damage in (run_folder_cases(marker) if "folders" in only else {}).items():
         folder = work / "runs" / name.replace(" ", "_")
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(base, folder, symlinks=True)
@@ -281,7 +570,7 @@ def main() -> None:
 
     clean = {}
     for env, cases, source in (("alfworld", alfworld_cases(), ROOT / "data" / "alfworld"),
-                               ("webshop", webshop_cases(), ROOT / "data" / "webshop")):
+                               ("webshop", webshop_cases(), ROOT / "data" / "webshop")) if "data" in only else ():
         split = "train"
         proc = run(["eval.py", "--env", env, "--policy", "expert", "--split", split, "--env-workers", "1",
                     "--out", str(work / f"clean-{env}.json")])

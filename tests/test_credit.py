@@ -274,7 +274,7 @@ def test_compare_starts_runs_seed_by_seed_and_passes_a_stop_on(tmp_path, monkeyp
 
     monkeypatch.setattr(compare, "launch", fake_launch)
     monkeypatch.setattr(compare.time, "sleep", ctrl_c_once_all_started)
-    with pytest.raises(compare.Stopped, match="the same command resumes them") as stopped:
+    with pytest.raises(compare.errors.Stopped, match="the same command resumes them") as stopped:
         compare.main(["--algos", "sharpo,grpo", "--seeds", "0,1", "--jobs", "4", "--out", str(tmp_path),
                       "--", "--model", "tiny"])
     returncodes = [p.returncode for p in procs]

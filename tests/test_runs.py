@@ -272,3 +272,19 @@ def test_resuming_an_older_checkpoint_is_refused_while_newer_ones_exist(tmp_path
     tiny_train(tiny_args(out, iterations=2))
     with pytest.raises(UserError, match="iter-000002"):
         train.parse_args(["--resume", str(out / "checkpoints" / "iter-000001")])
+
+
+@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                (signal.SIGINT, 130, "interrupted")], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_train_py_still_imports_is_one_line(tmp_path, signum, code, word):
+    """The imports take seconds (torch, transformers): a stop then is one line, not a
+    KeyboardInterrupt traceback from inside some import, and no run folder is made."""
+    proc = subprocess.Popen([sys.executable, "train.py", "--model", "tiny", "--output-dir", str(tmp_path / "run")],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # past the interpreter's own start, well inside the imports
+    assert proc.poll() is None
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code and "Traceback" not in err, err
+    assert err.strip().splitlines() == [f"{word}: stopped while starting, before anything was written"]
+    assert not (tmp_path / "run").exists()

@@ -30,6 +30,11 @@ Run: python -m tools.bench --model tiny
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import json
 import statistics
 import time

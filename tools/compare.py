@@ -36,6 +36,11 @@ Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compar
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import json
 import math
 import os
@@ -52,7 +57,6 @@ from pathlib import Path
 import train
 from advantage import ALGORITHMS
 from infra.checkpoint import find_checkpoint, read_iteration
-from errors import Stopped, Terminated
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import SPLITS
 
@@ -451,10 +455,10 @@ def main(argv: list[str] | None = None) -> dict:
                     print(f"  {'done' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}: {algo} seed {seed}",
                           flush=True)
         except KeyboardInterrupt as err:
-            stop_runs([proc for _, proc in running], signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
-            raise Stopped(f"each unfinished run ({', '.join(f'{a} seed {s}' for (a, s), _ in running)}) keeps its last "
-                          "checkpoint (its log says which); the same command resumes them",
-                          isinstance(err, Terminated)) from None
+            stop_runs([proc for _, proc in running], signal.SIGTERM if isinstance(err, errors.Terminated) else signal.SIGINT)
+            raise errors.Stopped(f"each unfinished run ({', '.join(f'{a} seed {s}' for (a, s), _ in running)}) keeps "
+                                 "its last checkpoint (its log says which); the same command resumes them",
+                                 isinstance(err, errors.Terminated)) from None
     runs = {a: {s: read_metrics(runs_of[(a, s)]) for s in seeds} for a in algos}
     records = evaluate(out, runs_of, args, run_flags.iterations) if args.eval_split else {}
     held_out = {k: r["success"] for k, r in records.items()} or None

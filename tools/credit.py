@@ -48,6 +48,11 @@ Run: python -m tools.credit --env alfworld        (CPU: the embedded SmolLM2 wit
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import json
 import random
 import time

@@ -15,6 +15,11 @@ Run: python -m tools.notebooks               (all four, a few minutes on 2 CPU c
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import base64
 import re
 import sys

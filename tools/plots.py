@@ -15,6 +15,11 @@ Run: python -m tools.plots runs/alfworld-sharpo-cpu-demo
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import html
 import json
 import sys

@@ -31,6 +31,11 @@ Run: python -m tools.warmstart --model smollm2 --out data/warmstart/smollm2-alfw
 """
 from __future__ import annotations
 
+import errors  # first: a Ctrl-C or kill while the imports below load is one line
+
+errors.quiet_start(__name__)
+# isort: split
+
 import json
 import random
 import time
