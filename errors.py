@@ -47,6 +47,14 @@ def catch_sigterm() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def ignore_stops() -> None:
+    """The command's work is over (done, or stopped and reported): a signal during the exit that
+    follows has nothing left to stop, and would only end the process without its line."""
+    if threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
+
 def _stop_while_starting(signum, frame):
     terminated = signum == signal.SIGTERM
     print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: stopped while starting, before anything "

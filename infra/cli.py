@@ -20,7 +20,7 @@ import sys
 import typing
 from pathlib import Path
 
-from errors import DataError, Stopped, Terminated, UserError, catch_sigterm  # noqa: F401  (DataError: re-exported)
+from errors import DataError, Stopped, Terminated, UserError, catch_sigterm, ignore_stops  # noqa: F401  (DataError: re-exported)
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
 
@@ -31,16 +31,34 @@ def run(main) -> None:
     catch_sigterm()
     try:
         result = main()
+        code = 0 if result is None or result else 1
     except UserError as err:
+        _close_progress_bars()
         print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        code = 2
     except KeyboardInterrupt as err:
+        _close_progress_bars()
         terminated = err.terminated if isinstance(err, Stopped) else isinstance(err, Terminated)
         kept = str(err) if isinstance(err, Stopped) else ("stopped before it finished (a run folder keeps its last "
                                                           "checkpoint: continue it with python train.py --resume RUN_DIR)")
         print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: {kept}", file=sys.stderr)
-        raise SystemExit(143 if terminated else 130) from None
-    raise SystemExit(0 if result is None or result else 1)
+        code = 143 if terminated else 130
+    finally:
+        ignore_stops()
+    raise SystemExit(code)
+
+
+def _close_progress_bars() -> None:
+    """The bars a stop left open (tqdm's live instances): closed, so the line printed next starts
+    a line of its own instead of following a half-drawn bar."""
+    std = sys.modules.get("tqdm.std")
+    classes, bars = ([std.tqdm] if std else []), []
+    while classes:  # each tqdm class (tqdm.auto's is a subclass) keeps its own set of live bars
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        bars += list(cls.__dict__.get("_instances", ()))
+    for bar in bars:
+        bar.close()
 
 
 def _prog() -> str:

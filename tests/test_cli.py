@@ -133,3 +133,30 @@ def test_seeds_out_of_range_are_one_message_in_every_tool(tool, argv, needle, tm
         importlib.import_module(tool).main(argv)
     assert needle in str(err.value)
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_stop_under_a_progress_bar_starts_its_own_line_and_the_exit_ignores_further_signals(capsys):
+    """The stop's line follows a cleared bar, not the half-drawn bar (the sweep saw
+    "...0/2 [00:00<?, ?turn/s]interrupted: ..."); once the command is over, a signal during the
+    interpreter's exit is ignored (it ended the process with -2 and no line)."""
+    import signal
+
+    from tqdm.auto import tqdm
+
+    from infra.cli import run
+
+    def stopped_mid_bar():
+        bar = tqdm(range(3), leave=False)
+        next(iter(bar))
+        raise KeyboardInterrupt()
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run(stopped_mid_bar)
+        assert exit_.value.code == 130
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in before)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted: stopped before it finished")
