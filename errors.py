@@ -10,6 +10,7 @@ whose message says what the folder kept.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -56,10 +57,14 @@ def ignore_stops() -> None:
 
 
 def _stop_while_starting(signum, frame):
+    """Exit at once, without unwinding: an exception raised inside a third-party import can leave
+    that library half-imported and fail again on the way out (numpy did, with a RecursionError),
+    and nothing has been written yet that unwinding would have to finish."""
     terminated = signum == signal.SIGTERM
     print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: stopped while starting, before anything "
-          "was written", file=sys.stderr)
-    raise SystemExit(143 if terminated else 130)
+          "was written", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(143 if terminated else 130)
 
 
 def quiet_start(module: str) -> None:

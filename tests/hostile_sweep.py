@@ -345,20 +345,36 @@ def stop_line_ok(code, err: str, signum: int) -> bool:
     return code == (143 if signum == signal.SIGTERM else 130) and bool(lines) and lines[-1].startswith(word)
 
 
+def started(folder: Path, proc: subprocess.Popen, timeout: float = 300) -> float:
+    """Wait until the run has written config.json (its imports and model load are behind it);
+    returns the time it took."""
+    t0 = time.time()
+    while not (folder / "config.json").exists() and proc.poll() is None and time.time() - t0 < timeout:
+        time.sleep(0.05)
+    return time.time() - t0
+
+
 def signal_cases(work: Path, reference, seconds: float, record) -> None:
-    """SIGINT and SIGTERM at 12 moments spread over a run (start-up, rollout, update, checkpoint),
-    to the run alone; then SIGTERM and SIGINT to the whole process group of an ALFWorld run with
-    two env worker processes (the workers must not print a traceback)."""
+    """SIGINT and SIGTERM to the run alone: twice while it imports, then at 12 moments spread over
+    its training (rollout, passes, update, log and checkpoint writes, from config.json on); then
+    SIGTERM and SIGINT to the whole process group of an ALFWorld run with two env worker processes
+    (the workers must not print a traceback)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        for k in range(12):
-            delay = 2.0 + (seconds - 2.0) * k / 12
+        for k in range(14):
             folder = work / "signals" / f"{signum.name}-{k:02d}"
             shutil.rmtree(folder, ignore_errors=True)
             proc = stub(folder)
-            time.sleep(delay)
+            if k < 2:  # while importing
+                delay = 1.0 + 2.0 * k
+                time.sleep(delay)
+                name = f"{signum.name} {delay:.0f} s after start"
+            else:
+                delay = 0.6 * seconds * (k - 2) / 12  # the measured seconds include the exit, and load varies
+                started(folder, proc)
+                time.sleep(delay)
+                name = f"{signum.name} {delay:.1f} s into training"
             proc.send_signal(signum)
             code, out, err = finish(proc)
-            name = f"{signum.name} after {delay:.0f} s"
             if code is None:
                 record("signals", name, "train", "hang")
             elif "Traceback" in err:
@@ -541,11 +557,13 @@ def main() -> None:
     if only & {"signals", "disk", "writers"}:
         reference_folder = work / "reference"
         shutil.rmtree(reference_folder, ignore_errors=True)
+        proc = stub(reference_folder)
+        loading = started(reference_folder, proc)
         t0 = time.time()
-        code, _, err = finish(stub(reference_folder))
+        code, _, err = finish(proc)
         assert code == 0, err[-3000:]
         seconds, reference = time.time() - t0, run_result(reference_folder)
-        print(f"the uninterrupted stub run: {seconds:.0f} s", flush=True)
+        print(f"the uninterrupted stub run: {loading:.0f} s to start, {seconds:.0f} s of training", flush=True)
         if "signals" in only:
             signal_cases(work, reference, seconds, record)
         if "disk" in only:
