@@ -230,3 +230,30 @@ def test_a_full_or_read_only_disk_is_one_line_and_the_run_resumes_once_fixed(tmp
     assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) in (1, 2)  # 2 only after `latest` was renamed
     lines, _ = tiny_train(tiny_args(out, iterations=2, resume=str(out)))
     assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 2
+
+
+def test_a_short_write_from_torch_on_a_full_disk_is_one_line_too(tmp_path, monkeypatch):
+    """torch's zip writer, on a full tmpfs, raised only "unexpected pos 64 vs 0" (no OS words): on a
+    file system with next to no space left that is a full disk (one line); elsewhere it is not
+    a disk problem and keeps its traceback."""
+    import collections
+
+    out = tmp_path / "run"
+    tiny_train(tiny_args(out, iterations=1))
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+    usage = collections.namedtuple("usage", "total used free")
+
+    def refuse(name):
+        if name == "checkpoint written":
+            raise short
+
+    monkeypatch.setattr(checkpoint, "crash_hook", refuse)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(UserError, match=r"cannot write the checkpoint of iteration 2 .* no space left .* --resume"):
+        tiny_train(tiny_args(out, iterations=2, resume=str(out)))
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**12, 10**9, 10**12 - 10**9))
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        tiny_train(tiny_args(out, iterations=2, resume=str(out)))
+    monkeypatch.setattr(checkpoint, "crash_hook", None)
+    tiny_train(tiny_args(out, iterations=2, resume=str(out)))
+    assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 2
