@@ -36,6 +36,14 @@ class Stopped(KeyboardInterrupt):
         self.terminated = terminated  # SIGTERM (else SIGINT)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop_line(terminated: bool, what: str) -> tuple[str, int]:
+    """The one line a stop prints, and its exit code (143 for SIGTERM, 130 for Ctrl-C)."""
+    return f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: {what}", 143 if terminated else 130
+
+
 def _raise_terminated(signum, frame):
     raise Terminated()
 
@@ -60,11 +68,10 @@ def _stop_while_starting(signum, frame):
     """Exit at once, without unwinding: an exception raised inside a third-party import can leave
     that library half-imported and fail again on the way out (numpy did, with a RecursionError),
     and nothing has been written yet that unwinding would have to finish."""
-    terminated = signum == signal.SIGTERM
-    print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: stopped while starting, before anything "
-          "was written", file=sys.stderr, flush=True)
+    line, code = stop_line(signum == signal.SIGTERM, "stopped while starting, before anything was written")
+    print(line, file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(143 if terminated else 130)
+    os._exit(code)
 
 
 def quiet_start(module: str) -> None:
@@ -74,9 +81,6 @@ def quiet_start(module: str) -> None:
     if module == "__main__" and threading.current_thread() is threading.main_thread():
         for s in STOP_SIGNALS:
             signal.signal(s, _stop_while_starting)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager

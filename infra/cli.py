@@ -20,7 +20,7 @@ import sys
 import typing
 from pathlib import Path
 
-from errors import DataError, Stopped, Terminated, UserError, catch_sigterm, ignore_stops  # noqa: F401  (DataError: re-exported)
+from errors import DataError, Stopped, Terminated, UserError, catch_sigterm, ignore_stops, stop_line  # noqa: F401  (DataError: re-exported)
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
 
@@ -41,8 +41,8 @@ def run(main) -> None:
         terminated = err.terminated if isinstance(err, Stopped) else isinstance(err, Terminated)
         kept = str(err) if isinstance(err, Stopped) else ("stopped before it finished (a run folder keeps its last "
                                                           "checkpoint: continue it with python train.py --resume RUN_DIR)")
-        print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: {kept}", file=sys.stderr)
-        code = 143 if terminated else 130
+        line, code = stop_line(terminated, kept)
+        print(line, file=sys.stderr)
     finally:
         ignore_stops()
     raise SystemExit(code)
