@@ -6,6 +6,10 @@ over every process's trained tokens: each process divides its token sums by the 
 and the gradients are summed, so N processes take exactly the step one process would take
 over all the rows. (DDP's wrapper would average per-process means instead, which weighs a
 token by how many tokens its process happened to hold.)
+
+Every collective runs on the process's device: NCCL, the backend on GPUs, reduces only tensors
+that sit on the process's own GPU (a CPU tensor fails with "No backend type associated with
+device type cpu"); gloo, on CPUs, takes CPU tensors.
 """
 from __future__ import annotations
 
@@ -40,9 +44,14 @@ class DataParallel:
     def sum(self, value: float) -> float:
         if self.world == 1:
             return value
-        x = torch.tensor([float(value)], dtype=torch.float64)
+        x = torch.tensor([float(value)], dtype=torch.float64, device=self.device)  # NCCL: on this GPU
         torch.distributed.all_reduce(x)
         return float(x)
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` sits on this process's device (the CPU counts as one device)."""
+        mine = torch.device(self.device)
+        return tensor.device.type == mine.type and (mine.type == "cpu" or tensor.device.index == mine.index)
 
     def sum_grads(self, params: list) -> None:
         """Sum each LoRA gradient over processes (each is already divided by the global token count)."""
@@ -51,16 +60,19 @@ class DataParallel:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            if not self.holds(p.grad):  # the policy was loaded onto self.device
+                raise RuntimeError(f"a LoRA gradient is on {p.grad.device}, not on this process's {self.device}")
             torch.distributed.all_reduce(p.grad)
 
     def gather(self, items: list) -> list:
         """Every process's list, concatenated in process order."""
         if self.world == 1:
             return items
-        out = [None] * self.world
-        torch.distributed.all_gather_object(out, items)
+        out = [None] * self.world  # pickled into a tensor on torch.cuda.current_device() under NCCL,
+        torch.distributed.all_gather_object(out, items)  # which accelerate set to this process's GPU
         return [x for part in out for x in part]
 
     def barrier(self) -> None:
         if self.world > 1:
-            torch.distributed.barrier()
+            device = torch.device(self.device)  # NCCL's barrier is an all-reduce on a GPU: name ours
+            torch.distributed.barrier(**({"device_ids": [device.index]} if device.type == "cuda" else {}))

@@ -79,3 +79,68 @@ def test_train_py_under_torchrun_then_resumed_in_one_process(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["iteration"] == 3 and last["processes"] == 1
+
+
+class _Reached(Exception):
+    """The spy's way to end a collective that was given what NCCL accepts."""
+
+
+def _nccl_like(dp, monkeypatch):
+    """Stand-ins for torch.distributed's collectives that behave as NCCL does about devices: a
+    tensor off the process's device is refused with NCCL's error; one on it ends the call."""
+    def all_reduce(tensor, *a, **k):
+        mine = torch.device(dp.device)
+        if tensor.device.type != mine.type or (mine.index is not None and tensor.device.index != mine.index):
+            raise RuntimeError(f"No backend type associated with device type {tensor.device.type}")
+        raise _Reached(tensor)
+
+    def barrier(*a, device_ids=None, **k):
+        if torch.device(dp.device).type == "cuda" and device_ids != [torch.device(dp.device).index]:
+            raise RuntimeError(f"barrier on an unnamed GPU (device_ids={device_ids}); this process owns {dp.device}")
+        raise _Reached(device_ids)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "barrier", barrier)
+
+
+def _two_process_view(device):
+    from infra.distributed import DataParallel
+    dp = DataParallel()  # WORLD_SIZE unset: a plain process; then made to look like rank 0 of 2 on `device`
+    dp.world, dp.rank, dp.device = 2, 0, device
+    return dp
+
+
+def test_every_collective_runs_on_the_process_device(monkeypatch):
+    """On GPUs the process group is NCCL, which reduces only tensors on the process's GPU. A CPU
+    test cannot hold a GPU tensor, so the process's device is `meta` here (any device but the CPU
+    shows the mistake) and the spies refuse, as NCCL does, a tensor anywhere else: the token count
+    that train.py sums for every minibatch once went through a CPU float64 tensor, which crashed
+    every multi-GPU run at its first update."""
+    dp = _two_process_view("meta")
+    _nccl_like(dp, monkeypatch)
+    with pytest.raises(_Reached) as hit:
+        dp.sum(3)
+    assert hit.value.args[0].device.type == "meta" and hit.value.args[0].dtype == torch.float64
+
+    grads = [torch.nn.Parameter(torch.zeros(2, 3, device="meta")), torch.nn.Parameter(torch.zeros(4, device="meta"))]
+    grads[0].grad = torch.zeros(2, 3, device="meta")  # the second has none: a zero gradient is made, on its device
+    with pytest.raises(_Reached) as hit:
+        dp.sum_grads(grads)
+    assert hit.value.args[0].device.type == "meta"
+    with pytest.raises(RuntimeError, match="on cpu, not on this process's meta"):
+        dp.sum_grads([torch.nn.Parameter(torch.zeros(2))])  # a gradient left on the CPU is named, not sent
+
+    gpu = _two_process_view("cuda:1")  # a torch.device needs no GPU to exist
+    _nccl_like(gpu, monkeypatch)
+    with pytest.raises(_Reached) as hit:
+        gpu.barrier()
+    assert hit.value.args[0] == [1]
+
+    cpu = _two_process_view("cpu")  # gloo: CPU tensors, and a barrier with no device named
+    _nccl_like(cpu, monkeypatch)
+    with pytest.raises(_Reached) as hit:
+        cpu.sum(1.5)
+    assert hit.value.args[0].device.type == "cpu"
+    with pytest.raises(_Reached) as hit:
+        cpu.barrier()
+    assert hit.value.args[0] is None
