@@ -292,6 +292,10 @@ class AlfWorldEnv:
     def build_messages(self, state: EnvStep, history: list[tuple[str, str]], history_len: int | None) -> list[dict]:
         return build_messages(state.task, history, state.observation, state.admissible, history_len)
 
+    def valid(self, state: EnvStep, text: str) -> bool:
+        """Whether `text`, answered in `state`, is a valid action (what step() would not penalize)."""
+        return parse_action(text, state.admissible)[0] is not None
+
     # -- episodes
     def reset(self, task_ids: list[str]) -> list[EnvStep]:
         t0 = time.perf_counter()

@@ -487,6 +487,11 @@ class WebShopEnv:
     def build_messages(self, state: EnvStep, history: list[tuple[str, str]], history_len: int | None) -> list[dict]:
         return build_messages(state.task, history, state.observation, state.admissible, history_len)
 
+    def valid(self, state: EnvStep, text: str) -> bool:
+        """Whether `text`, answered in `state`, is a valid action (what step() would not penalize)."""
+        clickables = [a[len("click[") : -1] for a in state.admissible if a.startswith("click[")]
+        return parse_action(text, clickables)[0] is not None
+
     def close(self) -> None:
         self._episodes = []
 

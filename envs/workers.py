@@ -83,6 +83,9 @@ class WorkerEnv:
     def gamefile(self, task_id):
         return self.local.gamefile(task_id)
 
+    def valid(self, state, text):
+        return self.local.valid(state, text)
+
     # -- workers
     def _start(self, k: int) -> None:
         parent, child = self._ctx.Pipe()

@@ -18,7 +18,9 @@ format (segments.add_hindsight, both headlines: the expert's plan and a successf
   - rewritten plan: the plan with this step replaced by another admissible action; target =
                     that action. Here the block is the only way to know the target, so these
                     rows teach reading it, not recalling a memorised plan.
-`--hindsight-rows 0` gives the format-only warm start (plain rows alone).
+`--hindsight-rows 0` gives the format-only warm start (plain rows alone); `--headlines expert`
+keeps the expert's headline only (the CPU demo's --hindsight), for WebShop, whose pages make a
+row ~2x as long as ALFWorld's.
 
 train.py --init-adapter merges the result into the base weights before RL (the CPU demo
 preset does, with the adapter shipped in data/warmstart/), so the reference model of the
@@ -28,6 +30,8 @@ log-prob of the plan's next action and of another admissible action, and the val
 
 Run: python -m tools.warmstart --model smollm2 --out data/warmstart/smollm2-alfworld
      python -m tools.warmstart --check data/warmstart/smollm2-alfworld --split valid_unseen
+     python -m tools.warmstart --env webshop --headlines expert --epochs 1 --out data/warmstart/smollm2-webshop
+     python -m tools.warmstart --env webshop --check data/warmstart/smollm2-webshop --split test --check-games 17
 """
 from __future__ import annotations
 
@@ -41,13 +45,15 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
 
-from envs import extract_action, history_length, make_env
+from envs import history_length, make_env
 from eval import pick_games
 from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.config import CPU_DEMO_PER_ENV
 from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
 
@@ -56,48 +62,60 @@ from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, buil
 class WarmstartArgs:
     """Command-line flags of warmstart.py."""
 
-    env: str = "alfworld"  # environment whose expert is cloned
+    env: Literal["alfworld", "webshop"] = "alfworld"  # environment whose expert is cloned
     model: str = "smollm2"  # base model: "smollm2", "tiny", an HF id or a local path
     data_dir: str | None = None  # env data folder; default: the shipped games
     split: str = "train"  # games the expert plays
-    history: str = "2"  # observation/action pairs in the prompt (as in train.py)
+    history: str | None = None  # observation/action pairs in the prompt; default: the env's CPU demo's (2; WebShop 1)
     epochs: int = 2  # passes over the rows
     hindsight_rows: int = 1  # per step and headline: one true-plan and this many rewritten-plan rows (0 = plain rows only)
+    headlines: str = "expert,sibling"  # the blocks' headlines taught: expert (--hindsight expert), sibling, or both
     batch_rows: int = 4  # rows per optimizer step
     lr: float = 1e-3  # AdamW learning rate of the LoRA weights
     lora_r: int = 4  # LoRA rank of the warm-start adapter (small: it is shipped)
     lora_alpha: int = 8  # LoRA alpha
     dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); the adapter is saved in float32
     seed: int = 0  # seed for the row order and LoRA init
-    out: str = "data/warmstart/smollm2-alfworld"  # where the adapter is saved
+    out: str | None = None  # where the adapter is saved; default: data/warmstart/<model>-<env>
     check: str | None = None  # measure this adapter (see the docstring) on --split instead of training
     check_games: int = 12  # --check: games measured (the first N of the split, every task type in turn)
 
 
-def expert_answer(task: str, action: str) -> str:
+THOUGHTS = {  # the one-line thought of a taught answer; WebShop's tasks are long (~30 tokens), so its
+    "alfworld": "My task is to {task}. The next step is to {action}.",  # thought does not restate them:
+    "webshop": "The next step is to {action}.",  # the whole answer then fits the demo's 64 new tokens
+}
+HEADLINES = {"expert": EXPERT_HEADLINE, "sibling": SIBLING_HEADLINE}
+QUERY = "<your query>"  # WebShop's search[<your query>]: any words make it valid
+
+
+def expert_answer(task: str, action: str, env: str = "alfworld") -> str:
     """The answer the model is taught: a one-line thought, then the expert's action."""
-    return f"<think>My task is to {task}. The next step is to {action}.</think><action>{action}</action>"
+    return f"<think>{THOUGHTS[env].format(task=task, action=action)}</think><action>{action}</action>"
 
 
-def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.Random) -> list[str] | None:
-    """The plan with step k replaced by another admissible action (None when there is none)."""
-    others = [a for a in admissible if a.lower() != plan[k].lower()]
+def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.Random, task: str = "") -> list[str] | None:
+    """The plan with step k replaced by another admissible action (None when there is none); a
+    search[<your query>] becomes a search for three words drawn from the task (as eval.py's random policy)."""
+    words = task.split() or ["item"]
+    filled = [a.replace(QUERY, " ".join(rng.choice(words) for _ in range(3))) if QUERY in a else a for a in admissible]
+    others = [a for a in filled if a.lower() != plan[k].lower()]
     if not others:
         return None
     return plan[:k] + [rng.choice(others)] + plan[k + 1 :]
 
 
 def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_rows: int = 0,
-                seed: int = 0) -> list[Row]:
+                seed: int = 0, env_name: str = "alfworld", headlines: tuple[str, ...] = ("expert", "sibling")) -> list[Row]:
     """Rows for each step of each game's expert plan (env.expert_plan: the stored walkthrough, a
     shortest plan for the short shipped games): the env's context at that step, then the target's
-    answer and the end-of-turn token. Per step: one plain row, and for each headline one true-plan
-    row and `hindsight_rows` rewritten-plan rows (see the module docstring)."""
+    answer and the end-of-turn token. Per step: one plain row, and for each of `headlines` one
+    true-plan row and `hindsight_rows` rewritten-plan rows (see the module docstring)."""
     rng = random.Random(seed)
     rows = []
 
     def add(messages, task, action):
-        ids = tokenizer.encode(expert_answer(task, action), add_special_tokens=False)
+        ids = tokenizer.encode(expert_answer(task, action, env_name), add_special_tokens=False)
         rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
 
     for task_id in env.tasks(split):
@@ -107,10 +125,10 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
         for k, action in enumerate(plan):
             messages = env.build_messages(state, history, history_len)
             add(messages, state.task, action)
-            for headline in (EXPERT_HEADLINE, SIBLING_HEADLINE) if hindsight_rows else ():
+            for headline in (HEADLINES[h] for h in headlines) if hindsight_rows else ():
                 add(add_hindsight(messages, format_plan(headline, plan)), state.task, action)
                 for _ in range(hindsight_rows):
-                    other = rewritten_plan(plan, k, state.admissible, rng)
+                    other = rewritten_plan(plan, k, state.admissible, rng, state.task)
                     if other is not None:
                         add(add_hindsight(messages, format_plan(headline, other)), state.task, other[k])
             history.append((state.observation, action))
@@ -120,10 +138,11 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
     return rows
 
 
-def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], rows_per_pass: int = 8) -> list[float]:
+def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], rows_per_pass: int = 8,
+                    env_name: str = "alfworld") -> list[float]:
     """Mean log-prob per answer token of expert_answer(task, action) and the end of turn, after
     each case's messages: cases = [(messages, task, action)]."""
-    rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a), add_special_tokens=False)
+    rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a, env_name), add_special_tokens=False)
                       + [tokenizer.eos_token_id]) for m, t, a in cases]
     out = []
     with torch.no_grad():
@@ -135,7 +154,7 @@ def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], 
 
 
 def reading_check(model, tokenizer, env, games: list[str], history_len: int | None, steps_per_game: int = 5,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, env_name: str = "alfworld") -> dict:
     """On the first steps of each game's expert plan: the block's effect (log-prob with the
     true-plan block minus without, nats per answer token) on the answer that takes the plan's
     next action (on_plan), and on one that takes another admissible action (off_plan); and the
@@ -151,7 +170,7 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
             messages = env.build_messages(state, history, history_len)
             taught = add_hindsight(messages, format_plan(EXPERT_HEADLINE, plan))
             on_cases += [(taught, state.task, action), (messages, state.task, action)]
-            other = rewritten_plan(plan, k, state.admissible, rng)
+            other = rewritten_plan(plan, k, state.admissible, rng, state.task)
             if other is not None:
                 off_cases += [(taught, state.task, other[k]), (messages, state.task, other[k])]
             contexts.append(messages)
@@ -160,14 +179,14 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
             state = env.step([f"<think>-</think><action>{action}</action>"])[0]
             if state.done:
                 break
-    on, off = answer_logprobs(model, tokenizer, on_cases), answer_logprobs(model, tokenizer, off_cases)
+    on = answer_logprobs(model, tokenizer, on_cases, env_name=env_name)
+    off = answer_logprobs(model, tokenizer, off_cases, env_name=env_name)
     on_gap = [on[j] - on[j + 1] for j in range(0, len(on), 2)]  # with the block minus without
     off_gap = [off[j] - off[j + 1] for j in range(0, len(off), 2)]
     policy, valid = ModelPolicy(model, tokenizer, max_new_tokens=64, temperature=1.0), 0
     for s in range(0, len(contexts), 16):
         for (_, _, text), st in zip(policy.act(contexts[s : s + 16], None), states[s : s + 16]):
-            action = extract_action(text)[0]
-            valid += action is not None and action.lower() in {a.lower() for a in st.admissible}
+            valid += env.valid(st, text)
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     return {"games": len(games), "states": len(states), "on_plan": mean(on_gap), "off_plan": mean(off_gap),
             "on_minus_off": mean(on_gap) - mean(off_gap),
@@ -177,7 +196,11 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
-    if problems := check_domains(args):
+    if args.history is None:
+        args.history = CPU_DEMO_PER_ENV[args.env].get("history", "2")  # saved as it ran
+    headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
+    if problems := check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
+                                          if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else []):
         raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # saved as it ran
     random.seed(args.seed)
@@ -188,14 +211,15 @@ def main(argv: list[str] | None = None) -> None:
         model.eval()
         env = make_env(args.env, data_dir=args.data_dir)
         result = reading_check(model, tokenizer, env, pick_games(env, args.split, args.check_games),
-                               history_length(args.history), seed=args.seed)
+                               history_length(args.history), seed=args.seed, env_name=args.env)
         env.close()
         print(json.dumps({"adapter": args.check, "split": args.split, **result}, indent=1))
         return
     model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed,
                                    dtype=args.dtype)
     env = make_env(args.env, data_dir=args.data_dir)
-    rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed)
+    rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed,
+                       args.env, headlines)
     env.close()
     print(f"{len(rows)} rows, mean length {sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
@@ -215,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             total, count = total + loss.item() * int(n), count + int(n)
         print(f"epoch {epoch + 1}: NLL per response token {total / count:.3f} ({time.perf_counter() - t0:.0f}s)")
-    out = Path(args.out)
+    out = Path(args.out or f"data/warmstart/{Path(args.model).name}-{args.env}")
     save_adapter(model, out)
     (out / "warmstart_config.json").write_text(json.dumps(asdict(args), indent=1))
     print(f"wrote {out}")
