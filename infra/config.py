@@ -26,6 +26,7 @@ from rollout import default_model_name, resolve_dtype
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
+WEBSHOP_WARMSTART = DATA / "warmstart" / "smollm2-webshop"  # cloned on the 51 train goals (tools/warmstart.py)
 LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on data/alfworld-learn-warmstart
 PRESETS = {
     "gpu": {},
@@ -44,9 +45,11 @@ PRESETS = {
     ),
     "none": {},
 }
-CPU_DEMO_PER_ENV = {  # the shipped warm start is ALFWorld's, for SmolLM2; short games keep episodes to 4 steps
+CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games keep episodes to 4 steps
     "alfworld": dict(init_adapter=str(WARMSTART), max_plan_len=4, max_steps=4),
-    "webshop": dict(max_steps=6),
+    # a results page is ~470 tokens: one observation of history, not two; a search answer repeats the
+    # goal's words (up to 85 tokens), so 96 new tokens; expert plans are 4-5 steps
+    "webshop": dict(init_adapter=str(WEBSHOP_WARMSTART), max_steps=6, history="1", max_new_tokens=96),
 }
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
