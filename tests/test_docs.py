@@ -34,10 +34,11 @@ def test_every_cited_file_and_section_exists():
 def _entry_points() -> dict:
     import eval as eval_script
     import train
-    from tools import bench, compare, credit, warmstart
+    from tools import bench, compare, credit, device_check, warmstart
 
     return {"train.py": train.TrainArgs, "eval.py": eval_script.EvalArgs, "tools.credit": credit.CreditArgs,
-            "tools.compare": compare.CompareArgs, "tools.bench": bench.BenchArgs, "tools.warmstart": warmstart.WarmstartArgs}
+            "tools.compare": compare.CompareArgs, "tools.bench": bench.BenchArgs, "tools.warmstart": warmstart.WarmstartArgs,
+            "tools.device_check": device_check.DeviceCheckArgs}
 
 
 def _commands(text: str) -> list[list[str]]:
