@@ -517,6 +517,13 @@ def flag_cases() -> list[tuple[str, list[str]]]:
               for c in (["--seed", "-1"], ["--seed", str(2**32)], ["--batch-size", "0"], ["--max-steps", "-1"],
                         ["--temperature", "nan"], ["--num-games", "-1"])]
     cases += [("warmstart --seed -5", ["-m", "tools.warmstart", "--seed", "-5", "--out", "{out}"]),
+              ("warmstart --headlines nope", ["-m", "tools.warmstart", "--env", "webshop", "--headlines", "nope",
+                                              "--out", "{out}"]),
+              ("device_check --decode-batches 4,x", ["-m", "tools.device_check", "--model", "tiny", "--decode-batches",
+                                                     "4,x"]),
+              ("device_check --response-tokens 999", ["-m", "tools.device_check", "--model", "tiny",
+                                                      "--response-tokens", "999"]),
+              ("device_check --model qwen7b-shape (no GPU)", ["-m", "tools.device_check"]),
               ("credit --seeds 0,2^32", ["-m", "tools.credit", "--seeds", f"0,{2**32}", "--out", "{out}"]),
               ("compare --seeds -2", ["-m", "tools.compare", "--seeds", "-2", "--out", "{out}", "--", "--model", "tiny"]),
               ("compare --jobs 0", ["-m", "tools.compare", "--jobs", "0", "--out", "{out}", "--", "--model", "tiny"])]
