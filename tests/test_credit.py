@@ -171,6 +171,21 @@ def test_learned_bootstrap_pairs_games_and_seeds():
     assert mean == pytest.approx(4 / 16) and low < mean < high and low >= 0
 
 
+def test_paired_bootstrap_pairs_each_seed_with_the_same_seed():
+    """Algorithm minus GRPO per seed and game: seed k of one is set against seed k of the other
+    (not against another seed's games), so two algorithms that win the same games of each seed
+    differ by exactly 0 even when the seeds differ from each other."""
+    games = [f"g{i}" for i in range(6)]
+    grpo = {0: {g: g in ("g0", "g1") for g in games}, 1: {g: g in ("g4", "g5") for g in games}}
+    assert compare.paired_bootstrap({k: dict(v) for k, v in grpo.items()}, grpo) == [0.0, 0.0, 0.0]
+    swapped = {0: grpo[1], 1: grpo[0]}  # the same wins, on the other seed: 8 of 12 pairs disagree
+    mean, low, high = compare.paired_bootstrap(swapped, grpo)
+    assert mean == 0.0 and low < 0 < high
+    better = {k: {g: w or g == "g2" for g, w in v.items()} for k, v in grpo.items()}
+    assert compare.paired_bootstrap(better, grpo)[0] == pytest.approx(1 / 6)
+    assert compare.paired_bootstrap(better, {2: grpo[0]}) is None  # no seed in common
+
+
 def test_gather_reads_the_runs_own_evaluations_into_the_learning_picture(tmp_path):
     """A run's in-loop evaluations (eval_<env>_<split>_iter-N.json) give its held-out curve; the one
     of its last iteration stands for the final evaluation when its limits match --eval-*; the

@@ -23,6 +23,8 @@ games with the same limits), so the table also says whether anything learned:
   held_out_after  the trained policy's success;  learned  held_out_after - start_success
   learned_boot    the same difference, paired per game, with a 95% bootstrap interval over
                   games and seeds (both resampled): the interval a claim of learning needs
+  vs_grpo_boot    held_out_after minus GRPO's, paired per seed and game (the same bootstrap):
+                  the interval a claim that an algorithm beats GRPO needs
   learning.png    held-out success (start, every in-loop evaluation) and the rollout success
                   over the last 5 iterations, against iteration and against wall-clock minutes
   reach_vs_grpo   (summary.json) iterations an algorithm's mean held-out curve needs to reach
@@ -158,11 +160,17 @@ def learned_bootstrap(start: dict, after: dict[int, dict], n: int = BOOTSTRAP, s
     """[mean, low, high] of held-out success after minus before, paired per game: the mean over
     seeds and games of won_after - won_start, with a 95% percentile interval from resampling
     seeds and games (with replacement) together. start: {game: won}; after: {seed: {game: won}}."""
-    seeds = sorted(after)
-    games = sorted(g for g in start if all(g in after[k] for k in seeds))
+    return paired_bootstrap(after, {k: start for k in after}, n, seed)
+
+
+def paired_bootstrap(a: dict[int, dict], b: dict[int, dict], n: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
+    """[mean, low, high] of a's wins minus b's, paired per seed and game (a, b: {seed: {game: won}}),
+    the interval from resampling seeds and games together; None when they share no seed or game."""
+    seeds = sorted(k for k in a if k in b)
+    games = sorted(g for g in (b[seeds[0]] if seeds else {}) if all(g in a[k] and g in b[k] for k in seeds))
     if not seeds or not games:
         return None
-    diff = [[float(after[k][g]) - float(start[g]) for g in games] for k in seeds]  # (seeds, games)
+    diff = [[float(a[k][g]) - float(b[k][g]) for g in games] for k in seeds]  # (seeds, games)
     mean = sum(map(sum, diff)) / (len(seeds) * len(games))
     rng, stats = random.Random(seed), []
     for _ in range(n):
@@ -235,15 +243,19 @@ def markdown_table(table: dict) -> str:
 
     held = any(r.get("held_out_after") for r in table.values())
     boot = any(r.get("learned_boot") for r in table.values())
+    vs = any(r.get("vs_grpo_boot") for r in table.values())
     lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
              + (" held-out start | held-out after | learned |" if held else "")
-             + (" learned, paired over games (bootstrap) |" if boot else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "") + ("---|" if boot else "")]
+             + (" learned, paired over games (bootstrap) |" if boot else "")
+             + (" after - GRPO's, paired (bootstrap) |" if vs else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "") + ("---|" if boot else "")
+             + ("---|" if vs else "")]
     for algo, r in table.items():
         lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
                      f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |"
                      + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else "")
-                     + (f" {cell(r.get('learned_boot'))} |" if boot else ""))
+                     + (f" {cell(r.get('learned_boot'))} |" if boot else "")
+                     + (f" {cell(r.get('vs_grpo_boot'))} |" if vs else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -311,14 +323,15 @@ def learning_png(runs: dict[str, dict[int, list[dict]]], curves: dict[str, list[
                 ax = axes[row][col]
                 ax.plot(x, [v[0] for v in stats], color=f"C{c}", marker="o" if row == 0 else None, ms=3,
                         label=f"{algo} ({len(per_run)} seeds)")
-                ax.fill_between(x, [v[1] for v in stats], [v[2] for v in stats], color=f"C{c}", alpha=0.15)
+                ax.fill_between(x, [max(v[1], 0.0) for v in stats], [min(v[2], 1.0) for v in stats], color=f"C{c}",
+                                alpha=0.15)  # a success rate's band stops at 0 and 1 (two seeds' t-interval is wide)
     for row, title in enumerate(("held-out success (greedy)", "rollout success, last 5 iterations")):
         axes[row][0].set_ylabel(title, fontsize=9)
         axes[row][0].set_xlabel("iteration")
         axes[row][0].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         axes[row][1].set_xlabel("wall-clock minutes")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("mean over seeds, 95% t-interval band", fontsize=9)
+    fig.suptitle("mean over seeds, 95% t-interval band (cut at 0 and 1)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -466,10 +479,13 @@ def main(argv: list[str] | None = None) -> dict:
     if not table:
         raise UserError(f"no run in {out} has metrics yet")
     start_games = won_by_game(records["start"]) if "start" in records else None
-    for algo in table:
-        after = {s: won_by_game(records[(algo, s)]) for s in seeds if (algo, s) in records}
+    after_of = {a: {s: won_by_game(records[(a, s)]) for s in seeds if (a, s) in records} for a in table}
+    for algo, after in after_of.items():
         if start_games and after and all(after.values()):
             table[algo]["learned_boot"] = learned_bootstrap(start_games, after)
+        grpo = after_of.get("grpo") or {}
+        if algo != "grpo" and after and grpo and all(after.values()) and all(grpo.values()):
+            table[algo]["vs_grpo_boot"] = paired_bootstrap(after, grpo)
     curves_png(runs, out / "curves.png")
     extra = {}
     if args.eval_split:
