@@ -66,11 +66,13 @@ class WarmstartArgs:
     model: str = "smollm2"  # base model: "smollm2", "tiny", an HF id or a local path
     data_dir: str | None = None  # env data folder; default: the shipped games
     split: str = "train"  # games the expert plays
+    tasks: int = 0  # clone only the first N of them, every task type in turn (eval.py's pick); 0 = all
     history: str | None = None  # observation/action pairs in the prompt; default: the env's CPU demo's (2; WebShop 1)
     epochs: int = 2  # passes over the rows
     hindsight_rows: int = 1  # per step and headline: one true-plan and this many rewritten-plan rows (0 = plain rows only)
     headlines: str = "expert,sibling"  # the blocks' headlines taught: expert (--hindsight expert), sibling, or both
     batch_rows: int = 4  # rows per optimizer step
+    by_length: bool = False  # batch rows of similar length (shuffled batches): less padding for long, uneven rows
     lr: float = 1e-3  # AdamW learning rate of the LoRA weights
     lora_r: int = 4  # LoRA rank of the warm-start adapter (small: it is shipped)
     lora_alpha: int = 8  # LoRA alpha
@@ -106,11 +108,13 @@ def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.R
 
 
 def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_rows: int = 0,
-                seed: int = 0, env_name: str = "alfworld", headlines: tuple[str, ...] = ("expert", "sibling")) -> list[Row]:
+                seed: int = 0, env_name: str = "alfworld", headlines: tuple[str, ...] = ("expert", "sibling"),
+                tasks: list[str] | None = None) -> list[Row]:
     """Rows for each step of each game's expert plan (env.expert_plan: the stored walkthrough, a
     shortest plan for the short shipped games): the env's context at that step, then the target's
     answer and the end-of-turn token. Per step: one plain row, and for each of `headlines` one
-    true-plan row and `hindsight_rows` rewritten-plan rows (see the module docstring)."""
+    true-plan row and `hindsight_rows` rewritten-plan rows (see the module docstring). tasks: the
+    task ids to play (default: every one of the split)."""
     rng = random.Random(seed)
     rows = []
 
@@ -118,7 +122,7 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
         ids = tokenizer.encode(expert_answer(task, action, env_name), add_special_tokens=False)
         rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
 
-    for task_id in env.tasks(split):
+    for task_id in env.tasks(split) if tasks is None else tasks:
         state = env.reset([task_id])[0]
         history: list[tuple[str, str]] = []
         plan = env.expert_plan(task_id)
@@ -194,6 +198,19 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
             "valid_rate": valid / max(len(states), 1)}
 
 
+def row_batches(rows: list[Row], order: list[int], size: int, by_length: bool) -> list[list[int]]:
+    """One epoch's batches of row indices, in random order (the module's `random` state): `order`
+    shuffled in place (each epoch reshuffles the last), then cut into batches; by_length, the
+    shuffled rows are sorted by length (stable: equal lengths stay shuffled), cut, and the batches
+    shuffled."""
+    random.shuffle(order)
+    ranked = sorted(order, key=lambda i: len(rows[i].input_ids)) if by_length else order
+    batches = [ranked[s : s + size] for s in range(0, len(ranked), size)]
+    if by_length:
+        random.shuffle(batches)
+    return batches
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_dataclass(WarmstartArgs, argv, description=__doc__)
     if args.history is None:
@@ -218,19 +235,21 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed,
                                    dtype=args.dtype)
     env = make_env(args.env, data_dir=args.data_dir)
+    tasks = pick_games(env, args.split, args.tasks) if args.tasks else None
     rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed,
-                       args.env, headlines)
+                       args.env, headlines, tasks)
     env.close()
-    print(f"{len(rows)} rows, mean length {sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
+    print(f"{len(rows)} rows from {len(tasks) if tasks else 'all'} tasks of {args.split}, mean length "
+          f"{sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     model.train()
     order = list(range(len(rows)))
     t0 = time.perf_counter()
     for epoch in range(args.epochs):
-        random.shuffle(order)
+        batches = row_batches(rows, order, args.batch_rows, args.by_length)
         total, count = 0.0, 0
-        for s in tqdm(range(0, len(order), args.batch_rows), desc=f"epoch {epoch + 1}", leave=False):
-            batch = collate_rows([rows[i] for i in order[s : s + args.batch_rows]], tokenizer.pad_token_id)
+        for part in tqdm(batches, desc=f"epoch {epoch + 1}", leave=False):
+            batch = collate_rows([rows[i] for i in part], tokenizer.pad_token_id)
             logp = response_logprobs(model, batch)  # (b, T), 0 on padding
             n = batch["response_len"].sum()
             loss = -logp.sum() / n  # token-mean negative log-likelihood of the expert's answers
