@@ -105,3 +105,29 @@ def test_webshop_reading_check_runs_on_the_tiny_model(webshop):
                         env_name="webshop")
     assert out["games"] == 2 and out["states"] == 4
     assert out["on_plan"] != 0 and out["off_plan"] != 0 and out["valid_rate"] == 0.0
+
+
+def test_row_batches_cover_every_row_once_and_by_length_groups_similar_rows():
+    """Each epoch's batches hold every row once; by length, each batch spans a contiguous run of
+    the sorted lengths (so little padding), in shuffled batch order; without it, the order is the
+    plain reshuffle of the previous epoch's order (the shipped ALFWorld warm starts were made so)."""
+    from segments import Row
+    from tools.warmstart import row_batches
+
+    rows = [Row([1] * n, [-1] * n, n - 1) for n in random.Random(1).choices(range(5, 900), k=41)]
+    random.seed(0)
+    order = list(range(len(rows)))
+    batches = row_batches(rows, order, 4, True)
+    assert sorted(i for b in batches for i in b) == list(range(41))
+    ranked = sorted(len(r.input_ids) for r in rows)
+    spans = sorted((min(len(rows[i].input_ids) for i in b), max(len(rows[i].input_ids) for i in b)) for b in batches)
+    assert all(hi <= spans[k + 1][0] for k, (_, hi) in enumerate(spans[:-1]))  # batches do not interleave
+    assert [len(rows[i].input_ids) for b in batches for i in b] != ranked  # the batches themselves are shuffled
+    random.seed(0)
+    plain_order = list(range(len(rows)))
+    epochs = [[i for b in row_batches(rows, plain_order, 4, False) for i in b] for _ in range(2)]
+    expected = list(range(41))
+    random.seed(0)
+    for epoch in epochs:
+        random.shuffle(expected)
+        assert epoch == expected
