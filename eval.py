@@ -78,6 +78,17 @@ class ExpertPolicy:
         return [([], [], format_answer(s.expert_action or "look", "following the expert")) for s in states]
 
 
+QUERY = "<your query>"  # WebShop's free-text slot, search[<your query>]: any words make it valid
+
+
+def fill_query(action: str, task: str, rng: random.Random) -> str:
+    """The action with its free-text slot (if any) filled by three words drawn from the task."""
+    if QUERY not in action:
+        return action
+    words = task.split() or ["item"]
+    return action.replace(QUERY, " ".join(rng.choice(words) for _ in range(3)))
+
+
 class RandomPolicy:
     """Picks uniformly among the admissible actions; a free-text slot (WebShop's
     search[<your query>]) gets three words drawn from the task text."""
@@ -88,10 +99,7 @@ class RandomPolicy:
     def act(self, contexts, states):
         out = []
         for s in states:
-            action = self.rng.choice(s.admissible)
-            if "<your query>" in action:
-                words = s.task.split()
-                action = action.replace("<your query>", " ".join(self.rng.choice(words) for _ in range(3)))
+            action = fill_query(self.rng.choice(s.admissible), s.task, self.rng)
             out.append(([], [], format_answer(action, "random choice")))
         return out
 

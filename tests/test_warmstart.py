@@ -7,7 +7,8 @@ import pytest
 from envs import extract_action, history_length, make_env
 from infra.config import CPU_DEMO_PER_ENV, PRESETS
 from segments import EXPERT_HEADLINE, HINDSIGHT_HEADER
-from tools.warmstart import QUERY, expert_rows, reading_check, rewritten_plan
+from eval import QUERY
+from tools.warmstart import expert_rows, reading_check, rewritten_plan
 
 
 @pytest.fixture(scope="module")

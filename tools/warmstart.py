@@ -51,7 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import history_length, make_env
-from eval import pick_games
+from eval import fill_query, pick_games
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import CPU_DEMO_PER_ENV
 from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
@@ -85,10 +85,9 @@ class WarmstartArgs:
 
 THOUGHTS = {  # the one-line thought of a taught answer; WebShop's tasks are long (~30 tokens), so its
     "alfworld": "My task is to {task}. The next step is to {action}.",  # thought does not restate them:
-    "webshop": "The next step is to {action}.",  # the whole answer then fits the demo's 64 new tokens
+    "webshop": "The next step is to {action}.",  # the answer then fits the WebShop demo's 96 new tokens
 }
 HEADLINES = {"expert": EXPERT_HEADLINE, "sibling": SIBLING_HEADLINE}
-QUERY = "<your query>"  # WebShop's search[<your query>]: any words make it valid
 
 
 def expert_answer(task: str, action: str, env: str = "alfworld") -> str:
@@ -99,8 +98,7 @@ def expert_answer(task: str, action: str, env: str = "alfworld") -> str:
 def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.Random, task: str = "") -> list[str] | None:
     """The plan with step k replaced by another admissible action (None when there is none); a
     search[<your query>] becomes a search for three words drawn from the task (as eval.py's random policy)."""
-    words = task.split() or ["item"]
-    filled = [a.replace(QUERY, " ".join(rng.choice(words) for _ in range(3))) if QUERY in a else a for a in admissible]
+    filled = [fill_query(a, task, rng) for a in admissible]
     others = [a for a in filled if a.lower() != plan[k].lower()]
     if not others:
         return None
