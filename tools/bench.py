@@ -6,8 +6,11 @@ every episode gets reward 0, in the others the rewards alternate 10, 0, so they 
 and forced response lengths (min_new_tokens = max_new_tokens) make the work per iteration the
 same for every algorithm; the env packages are not imported, so it also runs on a GPU machine
 without alfworld. Per model one warm-up iteration, then --repeats timed iterations per way and
-algorithm, interleaved (every way and algorithm once, then again), each figure their median; the
-ratios compare timed iterations of one run. --ways (WAYS below):
+algorithm, interleaved (every way and algorithm once, then all of them in the reverse order, and
+so on), each figure their median; the ratios compare timed iterations of one run. The reversal
+gives every way and algorithm each place in the order equally often (with an even --repeats), so
+whatever a place costs (the first iteration after a switch of model, say) does not fall on one of
+them. The SHARPO / GRPO ratio is also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
   new          train.py's way: --dtype auto, the teacher continuing from the student's context
                cache, the rows whose Ahat is 0 skipped;
   old          before --dtype and the shared context: float32, each teacher row computed whole;
@@ -264,9 +267,10 @@ def main(argv: list[str] | None = None) -> dict:
                 warm.add(dtype)
             trainers[f"{way} {algo}"] = (dtype, trainer)
     timings = {name: [] for name in trainers}
-    for _ in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every way alike
-        for name, (_, trainer) in trainers.items():
-            timings[name].append(timed_iteration(trainer))
+    for r in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every way alike
+        names = list(trainers) if r % 2 == 0 else list(trainers)[::-1]  # every other repeat backwards (see below)
+        for name in names:
+            timings[name].append(timed_iteration(trainers[name][1]))
     results = {name: {"dtype": trainers[name][0], **median_timing(runs)} for name, runs in timings.items()}
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
           f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}, "
@@ -286,8 +290,12 @@ def main(argv: list[str] | None = None) -> dict:
     if "sharpo" in algos and "grpo" in algos:
         for way in ways:
             ratio = results[f"{way} sharpo"]["seconds/iteration"] / results[f"{way} grpo"]["seconds/iteration"]
+            paired = [s["seconds/iteration"] / g["seconds/iteration"]
+                      for s, g in zip(timings[f"{way} sharpo"], timings[f"{way} grpo"])]  # one per repeat
             results[f"sharpo_over_grpo_time_{way}"] = ratio
-            print(f"  SHARPO / GRPO iteration time, {way}: {ratio:.2f}x (the teacher pass is the difference)")
+            results[f"sharpo_over_grpo_time_{way}_per_repeat"] = paired
+            print(f"  SHARPO / GRPO iteration time, {way}: {ratio:.3f}x (the teacher pass is the difference); "
+                  f"per repeat " + ", ".join(f"{x:.3f}" for x in paired))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
