@@ -132,3 +132,32 @@ def test_row_batches_cover_every_row_once_and_by_length_groups_similar_rows():
     for epoch in epochs:
         random.shuffle(expected)
         assert epoch == expected
+
+
+def test_check_base_measures_the_model_without_an_adapter_and_training_refuses_held_out_games(monkeypatch):
+    """`--check base` is the no-warm-start control: the policy loads with no adapter (the CLI's
+    `none` means "no value", so it cannot name the control); training on a held-out split is
+    refused before any model loads."""
+    import tools.warmstart as ws
+    from infra.cli import UserError
+
+    loaded = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(name, init_adapter=None, **kw):
+        loaded.append(init_adapter)
+        raise Stop
+
+    monkeypatch.setattr(ws, "load_policy", fake_load)
+    with pytest.raises(Stop):
+        ws.main(["--model", "tiny", "--check", "base", "--split", "test", "--env", "webshop"])
+    with pytest.raises(Stop):
+        ws.main(["--model", "tiny", "--check", "data/warmstart/smollm2-webshop", "--split", "test", "--env", "webshop"])
+    assert loaded == [None, "data/warmstart/smollm2-webshop"]
+    with pytest.raises(UserError, match="train only"):
+        ws.main(["--model", "tiny", "--split", "test", "--env", "webshop"])
+    with pytest.raises(UserError, match="train only"):
+        ws.main(["--model", "tiny", "--check", "none", "--split", "valid_seen"])
+    assert len(loaded) == 2

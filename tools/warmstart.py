@@ -26,7 +26,9 @@ train.py --init-adapter merges the result into the base weights before RL (the C
 preset does, with the adapter shipped in data/warmstart/), so the reference model of the
 KL term is the warm-started policy. Large models (Qwen2.5-7B-Instruct) need no warm start.
 `--check ADAPTER` measures, on games the warm start never saw, what the block does to the
-log-prob of the plan's next action and of another admissible action, and the valid-answer rate.
+log-prob of the plan's next action and of another admissible action, and the valid-answer rate;
+`--check base` measures the model with no warm start (the control). Training reads the train
+split only: the other splits are the held-out games the checks and eval.py measure.
 
 Run: python -m tools.warmstart --model smollm2 --out data/warmstart/smollm2-alfworld
      python -m tools.warmstart --check data/warmstart/smollm2-alfworld --split valid_unseen
@@ -79,7 +81,7 @@ class WarmstartArgs:
     dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); the adapter is saved in float32
     seed: int = 0  # seed for the row order and LoRA init
     out: str | None = None  # where the adapter is saved; default: data/warmstart/<model>-<env>
-    check: str | None = None  # measure this adapter (see the docstring) on --split instead of training
+    check: str | None = None  # measure this adapter (see the docstring) on --split instead of training; base = no adapter
     check_games: int = 12  # --check: games measured (the first N of the split, every task type in turn)
 
 
@@ -220,8 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # saved as it ran
     random.seed(args.seed)
     torch.manual_seed(args.seed)
+    if not args.check and args.split != "train":
+        raise UserError(f"--split {args.split} holds held-out games: the warm start trains on train only "
+                        f"(to measure an adapter on {args.split}, pass --check ADAPTER, or --check base for none)")
     if args.check:
-        model, tokenizer = load_policy(args.model, init_adapter=args.check if args.check != "none" else None,
+        model, tokenizer = load_policy(args.model, init_adapter=None if args.check == "base" else args.check,
                                        lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed, dtype=args.dtype)
         model.eval()
         env = make_env(args.env, data_dir=args.data_dir)
