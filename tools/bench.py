@@ -5,12 +5,14 @@ A synthetic environment (fixed observations of a set length; in --tied-groups of
 every episode gets reward 0, in the others the rewards alternate 10, 0, so they have spread)
 and forced response lengths (min_new_tokens = max_new_tokens) make the work per iteration the
 same for every algorithm; the env packages are not imported, so it also runs on a GPU machine
-without alfworld. Per model one warm-up iteration, then --repeats timed iterations per way and
-algorithm, interleaved (every way and algorithm once, then all of them in the reverse order, and
-so on), each figure their median; the ratios compare timed iterations of one run. The reversal
-gives every way and algorithm each place in the order equally often (with an even --repeats), so
-whatever a place costs (the first iteration after a switch of model, say) does not fall on one of
-them. The SHARPO / GRPO ratio is also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
+without alfworld. Way by way: one warm-up iteration, then --repeats timed iterations of each
+algorithm, alternating (A B, then B A, ...), each figure their median; the ratios compare timed
+iterations of one run. When the ways were interleaved, the first iteration after each switch of
+model (float32 to bf16) ran slower: in results/bench-faster-loop/bench-interleaved.json the SHARPO /
+GRPO ratio of the two repeats came out 1.237 and 0.935, each time high for the algorithm that ran
+first after the switch. Hence the warm-up per way; the alternation
+gives each algorithm each place equally often (use an even --repeats). The SHARPO / GRPO ratio is
+also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
   new          train.py's way: --dtype auto, the teacher continuing from the student's context
                cache, the rows whose Ahat is 0 skipped;
   old          before --dtype and the shared context: float32, each teacher row computed whole;
@@ -73,7 +75,7 @@ class BenchArgs:
     env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
-    repeats: int = 1  # timed iterations per way and algorithm (interleaved); the figures are their medians
+    repeats: int = 1  # timed iterations per way and algorithm (alternating); the figures are their medians
     ways: str = "new,old"  # how each iteration runs, comma-separated (WAYS): new (train.py's), old (float32, teacher rows whole), no-skipping
     out: str | None = None  # also write the figures as JSON here
 
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown := [w for w in ways if w not in WAYS]:
         raise UserError(f"--ways: unknown {', '.join(unknown)}; choose from {', '.join(WAYS)}")
     groups = max(1, args.episodes // args.group_size)
-    trainers, models, warm = {}, {}, set()
+    trainers, models = {}, {}
     for way in ways:
         setting = WAYS[way]
         if args.model == "qwen7b-shape":  # bf16 with nf4 weights whatever the way: only the teacher pass differs
@@ -262,15 +264,13 @@ def main(argv: list[str] | None = None) -> dict:
             trainer = train.Trainer(targs, model=model, tokenizer=tokenizer,
                                     env=SyntheticEnv(args.steps, args.obs_words, args.group_size, args.tied_groups))
             trainer.skip_rows, trainer.reuse_context = setting["skip_rows"], setting["reuse_context"]
-            if dtype not in warm:
-                trainer.iteration()  # warm-up, once per model
-                warm.add(dtype)
             trainers[f"{way} {algo}"] = (dtype, trainer)
     timings = {name: [] for name in trainers}
-    for r in range(args.repeats):  # interleaved, so that a slow spell of the machine hits every way alike
-        names = list(trainers) if r % 2 == 0 else list(trainers)[::-1]  # every other repeat backwards (see below)
-        for name in names:
-            timings[name].append(timed_iteration(trainers[name][1]))
+    for way in ways:  # way by way, each after its own warm-up; within a way the algorithms alternate (see below)
+        trainers[f"{way} {algos[0]}"][1].iteration()  # warm-up: the first iteration after a switch of way runs slower
+        for r in range(args.repeats):
+            for algo in (algos if r % 2 == 0 else algos[::-1]):  # every other repeat backwards: A B, B A, ...
+                timings[f"{way} {algo}"].append(timed_iteration(trainers[f"{way} {algo}"][1]))
     results = {name: {"dtype": trainers[name][0], **median_timing(runs)} for name, runs in timings.items()}
     print(f"\nbenchmark: model {args.model}, {args.episodes} episodes x {args.steps} steps x {args.new_tokens} new tokens, "
           f"~{args.obs_words}-word observations, {args.tied_groups:.0%} of {groups} groups tied, kl_coef {args.kl_coef}, "
