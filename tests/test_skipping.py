@@ -140,6 +140,7 @@ def test_bench_times_the_old_way_beside_the_new(tmp_path, monkeypatch):
     a, b, c, d = order[0], order[1], order[4], order[5]  # way by way, the algorithms alternating
     assert order == [a, b, b, a, c, d, d, c] and len({id(a), id(b), id(c), id(d)}) == 4
     assert len(results["sharpo_over_grpo_time_new_per_repeat"]) == 2
+    assert results["sharpo_over_grpo_time_new_pooled"] > 1  # SHARPO pays a teacher pass, GRPO none
     assert results["old sharpo"]["dtype"] == "fp32" and results["new sharpo"]["dtype"] == resolve_dtype("auto", "cpu")
     assert results["old sharpo"]["seconds/teacher"] > 0 and results["new sharpo"]["seconds/teacher"] > 0
     assert results["new grpo"]["seconds/teacher"] == 0
