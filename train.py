@@ -79,6 +79,8 @@ class TrainArgs:
     max_new_tokens: int = 256  # response length limit per turn
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
     temperature: float = 1.0  # rollout sampling temperature (log-probs use the same)
+    rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
+    vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     hindsight: Literal["sibling", "expert"] = "sibling"  # teacher's hindsight: a successful group mate | the env expert
     lam: float = 0.5  # mixing weight of the multiplier: Ahat = A * ((1 - lam) + lam * m)
     mult_eps: float = 0.2  # multiplier bound eps_m: m in [1 - eps_m, 1 + eps_m]
@@ -193,8 +195,25 @@ class Trainer:
         mine = range(self.dist.rank, args.groups, self.dist.world)  # [distributed] whole groups per process
         task_ids = [chosen[g] for g in mine for _ in range(args.group_size)]
         group_ids = [g for g in mine for _ in range(args.group_size)]
-        policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
-        return play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout"), policy
+        if args.rollout == "vllm":  # [run] one vLLM engine per run, serving the adapter of this moment
+            policy = self.vllm_policy(it)
+        else:
+            policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
+        trajs = play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout")
+        if args.rollout == "vllm":
+            policy.rest()  # [run] on a GPU the engine sleeps while the trainer computes
+        return trajs, policy
+
+    def vllm_policy(self, it: int):  # [run] --rollout vllm (vllm_rollout/policy.py)
+        from vllm_rollout.policy import VLLMPolicy  # deferred: an optional extra
+
+        args = self.args
+        if getattr(self, "_vllm", None) is None:
+            self._vllm = VLLMPolicy(self.model, self.tokenizer, f"{args.output_dir}/vllm", args.max_new_tokens,
+                                    args.temperature, args.lora_r, args.seed, base_name=args.model,
+                                    gpu_memory=args.vllm_gpu_memory)
+        self._vllm.serve(self.model, it)
+        return self._vllm
 
     # 2. segments: one row per step for the student; the teacher's row where there is hindsight
     def make_rows(self, trajs: list[Trajectory]) -> RowBatch:

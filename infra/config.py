@@ -23,6 +23,7 @@ from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags
 from rollout import default_model_name, resolve_dtype
+from vllm_rollout import missing as vllm_missing
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
@@ -189,6 +190,10 @@ def check_args(args) -> None:
     if args.min_new_tokens > 0:
         problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
                         "the PPO ratio off-policy; leave it at 0 for training")
+    if args.rollout == "vllm" and (problem := vllm_missing()):
+        problems.append(problem)
+    if not 0 < args.vllm_gpu_memory < 1:
+        problems.append(f"--vllm-gpu-memory is a share of the GPU's memory, between 0 and 1; got {args.vllm_gpu_memory}")
     if args.init_adapter and args.load_in_4bit:
         problems.append("--init-adapter merges into full-precision weights: add --no-load-in-4bit")
     if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:

@@ -58,6 +58,8 @@ def iteration_metrics(trainer, batch, policy, update: dict, watch: Stopwatch) ->
     out["env_crashes"] = int(dist.sum(watch.crashes()))
     out["tokens_generated"] = int(dist.sum(policy.tokens_generated))
     out["tokens_per_s_generate"] = out["tokens_generated"] / max(seconds["rollout"], 1e-9)
+    if hasattr(policy, "metrics"):  # --rollout vllm: its log-probs against the trainer's (rollout/logp_diff_*)
+        out.update(policy.metrics(batch))
     out["processes"] = dist.world
     out.update({f"seconds/{k}": v for k, v in seconds.items()})
     out["peak_memory_gb"] = peak_memory_gb()

@@ -58,6 +58,23 @@ def test_min_new_tokens_is_refused_in_training():
         train.parse_args(["--min-new-tokens", "8"])
 
 
+def test_rollout_vllm_without_vllm_says_how_to_install_it(monkeypatch):
+    """Before any model loads: --rollout vllm in an environment without vLLM names the installer;
+    --vllm-gpu-memory must be a share."""
+    import importlib.util
+
+    import vllm_rollout
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    assert vllm_rollout.missing() == vllm_rollout.INSTALL
+    with pytest.raises(UserError, match="install_vllm.sh"):
+        train.parse_args(["--rollout", "vllm"])
+    with pytest.raises(UserError, match="--vllm-gpu-memory"):
+        train.parse_args(["--vllm-gpu-memory", "35"])
+    assert train.parse_args(["--preset", "cpu-demo"]).rollout == "hf"
+
+
 @pytest.mark.parametrize("script, argv, needle", [
     ("train", ["--env", "bogus"], "--env"),
     ("train", ["--split", "bogus"], "--split"),
