@@ -545,6 +545,12 @@ def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 
     )
 
 
+def until_end_of_turn(ids: list[int], eos) -> list[int]:
+    """The sampled ids up to and including the first end-of-turn id (all of them when none came)."""
+    end = next((j + 1 for j, tok in enumerate(ids) if tok in eos), len(ids))
+    return ids[:end]
+
+
 class ModelPolicy:
     """The LLM policy as an actor: one batched generate over all live episodes per turn."""
 
@@ -575,11 +581,7 @@ class ModelPolicy:
         self.model.train(was_training)
         results = []
         for b in range(B):
-            response = []
-            for tok in out[b, L:].tolist():  # keep sampled ids up to and including the first end-of-turn
-                response.append(tok)
-                if tok in self.eos:
-                    break
+            response = until_end_of_turn(out[b, L:].tolist(), self.eos)
             self.tokens_generated += len(response)
             results.append((prompts[b], response, self.tokenizer.decode(response, skip_special_tokens=True)))
         return results

@@ -168,6 +168,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.warmstart = run_warmstart(args, ckpt)  # [run] the warm start each checkpoint carries a copy of
         self.iteration_done = restore_training_state(ckpt, self.optimizer, self.rng) if ckpt else 0  # [run]
+        self.vllm = None  # [run] --rollout vllm: its engine, started by the first rollout
         if self.dist.rank:  # [distributed] the same tasks (self.rng) everywhere, other samples per process
             torch.manual_seed(args.seed + 100_003 * self.dist.rank + self.iteration_done)
 
@@ -195,25 +196,25 @@ class Trainer:
         mine = range(self.dist.rank, args.groups, self.dist.world)  # [distributed] whole groups per process
         task_ids = [chosen[g] for g in mine for _ in range(args.group_size)]
         group_ids = [g for g in mine for _ in range(args.group_size)]
-        if args.rollout == "vllm":  # [run] one vLLM engine per run, serving the adapter of this moment
-            policy = self.vllm_policy(it)
-        else:
-            policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
-        trajs = play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout")
-        if args.rollout == "vllm":
-            policy.rest()  # [run] on a GPU the engine sleeps while the trainer computes
-        return trajs, policy
+        if args.rollout == "vllm":  # [run] the same episodes, decoded by vLLM
+            return self.vllm_rollout(it, task_ids, group_ids)
+        policy = ModelPolicy(self.model, self.tokenizer, args.max_new_tokens, args.temperature, args.min_new_tokens)
+        return play_episodes(self.env, task_ids, policy, self.history_len, group_ids, desc=f"iter {it} rollout"), policy
 
-    def vllm_policy(self, it: int):  # [run] --rollout vllm (vllm_rollout/policy.py)
+    def vllm_rollout(self, it: int, task_ids: list[str], group_ids: list[int]):  # [run] vllm_rollout/policy.py
+        """Stage 1 with --rollout vllm: one engine per run (started at the first rollout), serving the
+        adapter of this moment; on a GPU it sleeps while the trainer computes."""
         from vllm_rollout.policy import VLLMPolicy  # deferred: an optional extra
 
         args = self.args
-        if getattr(self, "_vllm", None) is None:
-            self._vllm = VLLMPolicy(self.model, self.tokenizer, f"{args.output_dir}/vllm", args.max_new_tokens,
-                                    args.temperature, args.lora_r, args.seed, base_name=args.model,
-                                    gpu_memory=args.vllm_gpu_memory)
-        self._vllm.serve(self.model, it)
-        return self._vllm
+        if self.vllm is None:
+            self.vllm = VLLMPolicy(self.model, self.tokenizer, f"{args.output_dir}/vllm", args.max_new_tokens,
+                                   args.temperature, args.lora_r, args.seed, base_name=args.model,
+                                   gpu_memory=args.vllm_gpu_memory)
+        self.vllm.serve(self.model, it)
+        trajs = play_episodes(self.env, task_ids, self.vllm, self.history_len, group_ids, desc=f"iter {it} rollout")
+        self.vllm.rest()
+        return trajs, self.vllm
 
     # 2. segments: one row per step for the student; the teacher's row where there is hindsight
     def make_rows(self, trajs: list[Trajectory]) -> RowBatch:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from infra.cli import UserError
-from rollout import default_model_name, save_adapter, sampling_config
+from rollout import default_model_name, sampling_config, save_adapter, until_end_of_turn
 from segments import generation_prompt_ids
 from vllm_rollout import missing
 
@@ -135,9 +135,8 @@ class VLLMPolicy:
 
         prompts = [generation_prompt_ids(self.tokenizer, m) for m in contexts]
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the run's seeded generator
-        greedy = self.temperature == 0
         params = [SamplingParams(
-            n=1, temperature=0.0 if greedy else self.temperature, top_p=1.0, top_k=0, min_p=0.0,
+            n=1, temperature=self.temperature, top_p=1.0, top_k=0, min_p=0.0,  # 0 = greedy, as in ModelPolicy
             repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, max_tokens=self.max_new_tokens,
             stop_token_ids=self.eos, logprobs=0, detokenize=False, seed=s) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=self.lora,
@@ -145,14 +144,9 @@ class VLLMPolicy:
         results = []
         for p, out in zip(prompts, outs):
             sample = out.outputs[0]
-            response, logps = [], []
-            for j, tok in enumerate(sample.token_ids):  # keep sampled ids up to and including the first end-of-turn
-                response.append(tok)
-                logps.append(sample.logprobs[j][tok].logprob)
-                if tok in self.eos:
-                    break
+            response = until_end_of_turn(list(sample.token_ids), self.eos)  # ModelPolicy's rule
             self.tokens_generated += len(response)
-            self.sampled[(tuple(p), tuple(response))] = logps
+            self.sampled[(tuple(p), tuple(response))] = [sample.logprobs[j][t].logprob for j, t in enumerate(response)]
             results.append((p, response, self.tokenizer.decode(response, skip_special_tokens=True)))
         return results
 
