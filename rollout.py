@@ -64,7 +64,7 @@ from transformers import (
 )
 
 from errors import UserError
-from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids, shared_prefix_len
+from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids, length_batches, shared_prefix_len
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -428,8 +428,7 @@ def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, te
     out = torch.zeros(len(rows), T)
     picked = [b for b in range(len(rows)) if only is None or only[b]]
     with torch.no_grad():
-        for s in tqdm(range(0, len(picked), micro_batch_rows), desc=desc, unit="batch", leave=False):
-            part = picked[s : s + micro_batch_rows]
+        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
             batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], pad_id).items()}
             logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
             out[part, : logp.shape[1]] = logp
@@ -459,8 +458,7 @@ def student_teacher_logprobs(model, rows: list[Row], teacher_rows: list[Row | No
     picked = [b for b in range(len(rows)) if student[b]]
     decoder = model.get_decoder()
     with torch.no_grad(), autocast(model):
-        for s in tqdm(range(0, len(picked), micro_batch_rows), desc=desc, unit="batch", leave=False):
-            part = picked[s : s + micro_batch_rows]
+        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
             shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1 for b in part]
             Lc = max(shared)
             Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))

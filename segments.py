@@ -181,6 +181,15 @@ def action_masks(tokenizer, rows: list[Row], T: int) -> torch.Tensor:
     return mask
 
 
+def length_batches(picked: list[int], rows: list[Row], size: int) -> list[list[int]]:
+    """The rows `picked` cut into micro-batches of `size`, shortest rows first, so that the rows of a
+    micro-batch have similar lengths and little padding is computed. Each row is in exactly one
+    micro-batch; what a row's log-probs and gradients are does not depend on which one (up to float
+    rounding), since padding is masked and gradients add up over micro-batches."""
+    order = sorted(picked, key=lambda b: len(rows[b].input_ids))  # stable: ties keep their order
+    return [order[s : s + size] for s in range(0, len(order), size)]
+
+
 def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows into tensors for one forward pass.
 

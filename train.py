@@ -52,7 +52,7 @@ from infra.cli import run
 from infra.distributed import DataParallel
 from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs, student_teacher_logprobs
 from segments import (EXPERT_HEADLINE, Row, Trajectory, action_masks, build_row, build_teacher_row,  # isort: skip
-                      collate_rows, format_plan, response_segment_ids, sibling_hindsight)
+                      collate_rows, format_plan, length_batches, response_segment_ids, sibling_hindsight)
 
 
 @dataclass
@@ -314,8 +314,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             finite, mb_stats = True, dict.fromkeys(stat_keys, 0.0)
             run_idx = [i for i in idx if batch.in_loss[i] or not self.skip_rows]  # membership as without skipping
-            for s in range(0, len(run_idx), args.micro_batch_rows):
-                part = run_idx[s : s + args.micro_batch_rows]
+            for part in length_batches(run_idx, rows, args.micro_batch_rows):  # rows of similar length together
                 micro = {k: v.to(device) for k, v in collate_rows([rows[i] for i in part], self.pad_id).items()}
                 logp_new = response_logprobs(self.model, micro, temperature=args.temperature).float()  # (b, t)
                 sel = lambda x: None if x is None else x[part, : logp_new.shape[1]].to(device)  # noqa: E731

@@ -11,6 +11,7 @@ from segments import (
     build_teacher_row,
     collate_rows,
     generation_prompt_ids,
+    length_batches,
     response_segment_ids,
     segment_means,
     shared_prefix_len,
@@ -98,6 +99,22 @@ def test_collate_and_response_segment_ids(tiny_tokenizer):
         assert batch["response_len"][b] == len(r.response_ids)
     seg = response_segment_ids(batch["response_len"])
     assert seg.tolist() == [[0, 0, 0], [0, -1, -1]]
+
+
+def test_length_batches_put_rows_of_similar_length_together():
+    """Every picked row once, none other; micro-batches of at most `size` rows, sorted by length, so
+    the padded tokens computed are fewer than in the order the rows came in."""
+    lengths = [900, 300, 850, 320, 310, 880, 305, 890, 600]
+    rows = [Row(list(range(n)), [-1] * (n - 1) + [0], n - 1) for n in lengths]
+    picked = [0, 1, 2, 3, 4, 5, 6, 7]  # row 8 is not picked
+    batches = length_batches(picked, rows, 4)
+    assert sorted(b for part in batches for b in part) == picked
+    assert [len(part) for part in batches] == [4, 4]
+    assert [sorted(lengths[b] for b in part) for part in batches] == [[300, 305, 310, 320], [850, 880, 890, 900]]
+    padded = lambda parts: sum(max(lengths[b] for b in part) * len(part) for part in parts)  # noqa: E731
+    in_order = [picked[s : s + 4] for s in range(0, len(picked), 4)]
+    assert padded(batches) == 4 * 320 + 4 * 900 < padded(in_order) == 4 * 900 + 4 * 890
+    assert length_batches([], rows, 4) == [] and [len(p) for p in length_batches(list(range(9)), rows, 4)] == [4, 4, 1]
 
 
 def test_segment_means_by_hand():
