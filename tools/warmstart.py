@@ -57,7 +57,8 @@ from eval import fill_query, pick_games
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import CPU_DEMO_PER_ENV
 from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
-from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan
+from segments import (EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan,
+                      length_batches)
 
 
 @dataclass
@@ -204,10 +205,10 @@ def row_batches(rows: list[Row], order: list[int], size: int, by_length: bool) -
     shuffled rows are sorted by length (stable: equal lengths stay shuffled), cut, and the batches
     shuffled."""
     random.shuffle(order)
-    ranked = sorted(order, key=lambda i: len(rows[i].input_ids)) if by_length else order
-    batches = [ranked[s : s + size] for s in range(0, len(ranked), size)]
-    if by_length:
-        random.shuffle(batches)
+    if not by_length:
+        return [order[s : s + size] for s in range(0, len(order), size)]
+    batches = length_batches(order, rows, size)
+    random.shuffle(batches)
     return batches
 
 
