@@ -10,9 +10,14 @@ token by how many tokens its process happened to hold.)
 Every collective runs on the process's device: NCCL, the backend on GPUs, reduces only tensors
 that sit on the process's own GPU (a CPU tensor fails with "No backend type associated with
 device type cpu"); gloo, on CPUs, takes CPU tensors.
+
+The process group is destroyed when the process exits (`close`, registered with atexit): left to
+the interpreter's teardown, gloo's worker threads can abort the process ("terminate called without
+an active exception", SIGABRT), and torchrun then kills the other processes too.
 """
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 
@@ -36,6 +41,12 @@ class DataParallel:
             # a long timeout: the other processes wait while the main one evaluates and saves
             state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=3))
             self.world, self.rank, self.device = state.num_processes, state.process_index, str(state.device)
+            atexit.register(self.close)  # while the interpreter is whole, not in its teardown
+
+    def close(self) -> None:
+        """Destroy the process group (a no-op when there is none, or it is gone already)."""
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     @property
     def main(self) -> bool:

@@ -81,6 +81,25 @@ def test_train_py_under_torchrun_then_resumed_in_one_process(tmp_path):
     assert last["iteration"] == 3 and last["processes"] == 1
 
 
+def test_each_process_destroys_its_process_group_before_the_interpreter_ends(tmp_path):
+    """A process that leaves its gloo process group to the interpreter's teardown can abort there
+    ("terminate called without an active exception"), and torchrun then kills the others: CI once
+    lost the two-process test that way, after its update. DataParallel destroys the group at exit,
+    while the interpreter is whole; a handler registered before it runs after it and looks."""
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import atexit, os, sys, torch\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from infra.distributed import DataParallel\n"
+        f"seen = {str(tmp_path)!r} + '/rank' + os.environ['RANK']\n"
+        "atexit.register(lambda: open(seen, 'w').write(str(torch.distributed.is_initialized())))\n"
+        "dp = DataParallel()\n"
+        "assert dp.world == 2 and dp.sum(1.0) == 2.0\n")
+    out = _torchrun([str(script)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["False", "False"]
+
+
 class _Reached(Exception):
     """The spy's way to end a collective that was given what NCCL accepts."""
 
