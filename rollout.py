@@ -14,7 +14,7 @@ what they share: the teacher's row is the student's context, then the hindsight 
 same response (segments.py), so the teacher continues from the student's cache and pays only for
 its block and the response.
 
-Precision (`--dtype`): bf16 where the device has it (a GPU, or a CPU with AVX512-BF16 or AMX),
+Precision (`--dtype`): bf16 where the device computes it fast (a GPU, or a CPU with AMX tiles),
 else float32. In bf16 the base weights are bf16 and the LoRA weights (the trained ones) stay
 float32; the decoder runs under bf16 autocast; the output head, the log-softmax and every loss
 term run in float32.
@@ -214,16 +214,18 @@ def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
         )
 
 
-def cpu_has_bf16() -> bool:
-    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX tiles)."""
-    checks = [getattr(torch.cpu, f, None) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(check() for check in checks if check is not None)
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU has AMX tiles, where bf16 passes run ~2x float32's. AVX512-BF16 alone is
+    not enough: on such a CPU without AMX (docs/scaling.md) the 135M model's passes and generate ran
+    1.2-1.7x slower in bf16 than in float32."""
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(check and check())
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """--dtype auto: "bf16" on a GPU or a CPU with native bf16, else "fp32"; other values as given."""
+    """--dtype auto: "bf16" on a GPU or a CPU with AMX, else "fp32"; other values as given."""
     if dtype == "auto":
-        return "bf16" if device.startswith("cuda") or (device == "cpu" and cpu_has_bf16()) else "fp32"
+        return "bf16" if device.startswith("cuda") or (device == "cpu" and cpu_has_fast_bf16()) else "fp32"
     if dtype not in ("bf16", "fp32"):
         raise UserError(f"--dtype {dtype!r}: use auto, bf16 or fp32")
     return dtype

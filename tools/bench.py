@@ -16,7 +16,9 @@ also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
   new          train.py's way: --dtype auto, the teacher continuing from the student's context
                cache, the rows whose Ahat is 0 skipped;
   old          before --dtype and the shared context: float32, each teacher row computed whole;
-  no-skipping  new, with every row scored and in the update (the same result).
+  no-skipping  new, with every row scored and in the update (the same result);
+  bf16, fp32   new, in that precision whatever --dtype auto picks on this machine (auto takes bf16
+               on a CPU only where it has AMX: `--ways bf16,fp32` shows why on the machine at hand).
 The default --kl-coef 0 is the CPU demo's: with a KL term every row stays in the update and
 only the teacher pass skips rows.
 
@@ -214,6 +216,8 @@ WAYS = {
     "new": dict(dtype="auto", reuse_context=True, skip_rows=True),  # train.py's way
     "old": dict(dtype="fp32", reuse_context=False, skip_rows=True),  # before --dtype and the shared context: float32, teacher rows whole
     "no-skipping": dict(dtype="auto", reuse_context=True, skip_rows=False),  # every row scored and in the update
+    "bf16": dict(dtype="bf16", reuse_context=True, skip_rows=True),  # new, in bf16 whatever auto picks here
+    "fp32": dict(dtype="fp32", reuse_context=True, skip_rows=True),  # new, in float32 whatever auto picks here
 }
 
 
