@@ -85,3 +85,15 @@ def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
     metrics, _ = trainer.iteration()
     assert metrics["rows"] > 0 and metrics["update/optimizer_steps"] == 2
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" in n)
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, expected", [(True, True, "bf16"), (False, True, "fp32"), (False, False, "fp32")])
+def test_dtype_auto_takes_bf16_on_a_cpu_only_with_amx(monkeypatch, amx, avx512_bf16, expected):
+    """--dtype auto on a CPU: bf16 where AMX tiles are present; float32 on a CPU with AVX512-BF16 alone,
+    where the demo's iteration measured 1.5x slower in bf16 (docs/scaling.md); a GPU always bf16."""
+    from rollout import resolve_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    assert resolve_dtype("auto", "cpu") == expected
+    assert resolve_dtype("auto", "cuda") == "bf16" and resolve_dtype("fp32", "cpu") == "fp32"
