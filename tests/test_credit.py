@@ -158,6 +158,22 @@ def test_gather_reads_only_evaluations_of_the_last_checkpoint(tmp_path):
     assert compare.evaluated_iteration(tmp_path / "sharpo-seed1" / "eval_valid_seen_final.json") == 2
 
 
+def test_the_start_is_evaluated_in_the_runs_precision(tmp_path, monkeypatch):
+    """The start policy's held-out evaluation runs eval.py in the dtype the runs resolved (config.json):
+    left to eval.py's own `auto`, a run trained in bf16 elsewhere would be set against a float32 start,
+    and greedy play differs between the two (the learning set's warm start won 8 of 32 games in bf16, 7 in float32)."""
+    run = tmp_path / "sharpo-seed0"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": "d",
+                                                 "init_adapter": "w", "dtype": "bf16"}))
+    calls = []
+    monkeypatch.setattr(compare.subprocess, "run", lambda argv, **k: calls.append(argv))
+    args = compare.CompareArgs(eval_split="valid_seen")
+    compare.evaluate(tmp_path, {("sharpo", 0): run}, args, iterations=4)
+    start = next(argv for argv in calls if str(tmp_path / "eval_start_valid_seen.json") in argv)
+    assert start[start.index("--dtype") + 1] == "bf16" and start[start.index("--init-adapter") + 1] == "w"
+
+
 def test_learned_bootstrap_pairs_games_and_seeds():
     """after - before per game, resampling games and seeds: no change gives exactly 0; every game
     turning from lost to won gives 1 with a zero-width interval; a mixed change a proper interval."""

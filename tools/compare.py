@@ -401,7 +401,8 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
         return {}
     config = json.loads((first / "config.json").read_text())
     common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
-    jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]
+    jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]  # in the runs' precision:
+                      + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
         path = run / f"eval_{split}_final.json"
