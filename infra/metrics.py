@@ -67,13 +67,18 @@ def iteration_metrics(trainer, batch, policy, update: dict, watch: Stopwatch) ->
 
 
 def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
-    """Success (overall, per task type), reward, invalid rate, share of groups with reward spread."""
+    """Success (overall, per task type), reward, invalid rate, share of groups with reward spread,
+    and of groups with success spread (some episodes won, some not)."""
     summary = summarize(trajs)
     by_group: dict[int, set] = defaultdict(set)
+    won_by_group: dict[int, set] = defaultdict(set)
     for traj, g in zip(trajs, group_ids):
         by_group[g].add(round(traj.reward, 6))
+        won_by_group[g].add(bool(traj.won))
     out = {k: v for k, v in summary.items() if not k.startswith("episodes/")}
     out["groups_with_spread"] = sum(len(v) > 1 for v in by_group.values()) / len(by_group)
+    # the rest of the spread is penalties alone (0.1 an invalid answer), which the std of a group blows up to full size
+    out["groups_with_win_spread"] = sum(len(v) > 1 for v in won_by_group.values()) / len(won_by_group)
     return out
 
 

@@ -268,3 +268,20 @@ def test_tasks_of_an_iteration_are_distinct_while_there_are_enough(tmp_path):
     for _ in range(20):
         assert sorted(draw_tasks(trainer.rng, trainer.tasks, 2)) == ["task-a", "task-b"]
     assert sorted(set(draw_tasks(trainer.rng, trainer.tasks, 5))) == ["task-a", "task-b"]
+
+
+def test_win_spread_counts_only_groups_where_some_won_and_some_did_not():
+    """groups_with_spread counts any reward difference; groups_with_win_spread only a difference in
+    success: a group of losses told apart by one 0.1 invalid-answer penalty has the first, not the second."""
+    from infra.metrics import rollout_metrics
+    from segments import Step, Trajectory
+
+    def episode(group, won, invalid=False):
+        step = Step([], [], [], "", None if invalid else "look", (10.0 if won else 0.0) - (0.1 if invalid else 0.0))
+        return Trajectory(f"t{group}", group, "pick", [step], won=won)
+
+    trajs = [episode(0, True), episode(0, False),  # success spread
+             episode(1, False), episode(1, False, invalid=True),  # a penalty alone
+             episode(2, False), episode(2, False)]  # all alike
+    out = rollout_metrics(trajs, [t.group for t in trajs])
+    assert out["groups_with_spread"] == pytest.approx(2 / 3) and out["groups_with_win_spread"] == pytest.approx(1 / 3)
