@@ -59,6 +59,19 @@ def grpo_advantages(
     return torch.where(has_spread, adv, torch.zeros_like(adv)).to(rewards.dtype)  # (N,)
 
 
+def shuffled_within_groups(rewards: torch.Tensor, group_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A control, not a method (--shuffle-rewards): each group's rewards permuted among its members.
+
+    Every group keeps its rewards, so its advantages and the update's size stay what they were; which
+    episode gets which reward becomes chance, so what the update teaches is cut from what was done.
+    rewards (N,), group_ids (N,). Returns (N,)."""
+    out = rewards.clone()  # (N,)
+    for g in torch.unique(group_ids):
+        members = (group_ids == g).nonzero().squeeze(1)  # (n_g,)
+        out[members] = rewards[members[torch.randperm(len(members), generator=generator)]]
+    return out
+
+
 # ----------------------------------------------------------------------------- (3)-(4) SHARPO
 def _check_mixing(lam: float, mult_eps: float) -> None:
     if not 0.0 <= lam <= 1.0:

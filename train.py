@@ -43,7 +43,8 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from advantage import ALGORITHMS, credit_assignment, gigpo_step_advantages, grpo_advantages, moving_rows, policy_loss
+from advantage import (ALGORITHMS, credit_assignment, gigpo_step_advantages, grpo_advantages, moving_rows, policy_loss,
+                       shuffled_within_groups)
 from envs import draw_tasks, history_length, make_env, resolve_workers, training_tasks
 from eval import greedy_evaluation
 from infra import config, dashboard, metrics
@@ -92,6 +93,7 @@ class TrainArgs:
     gigpo_gamma: float = 0.95  # --algo gigpo: discount of the step return R_t
     gigpo_omega: float = 1.0  # --algo gigpo: weight of the step-group advantage, A_i + omega * A_step
     gigpo_norm: Literal["std", "mean"] = "std"  # --algo gigpo: step advantage (R - mean) / std, or R - mean
+    shuffle_rewards: bool = False  # a control, not a method: each group's episode rewards permuted among its episodes
     lr: float = 3e-6  # AdamW learning rate (verl-agent LoRA: 3e-6)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm
@@ -238,6 +240,9 @@ class Trainer:
     def advantages(self, batch: RowBatch) -> None:
         args = self.args
         rewards, groups = torch.tensor([t.reward for t in batch.trajs]), torch.tensor([t.group for t in batch.trajs])  # (N,)
+        if args.shuffle_rewards:  # a placebo run: the same advantages, handed to episodes by chance
+            draw = torch.Generator().manual_seed(args.seed * 1_000_003 + self.iteration_done)  # resumes exactly
+            rewards = shuffled_within_groups(rewards, groups, draw)  # (N,)
         adv_traj = grpo_advantages(rewards, groups)  # (N,) METHOD.md section 1
         batch.adv_row = adv_traj[[i for i, _ in batch.steps]]  # (B,) each row carries its trajectory's A_i
         if self.algo.step_groups:  # METHOD.md section 6: steps from the same state, compared by return

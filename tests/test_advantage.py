@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from advantage import grpo_advantages, segment_multipliers, sharpo_token_advantages
+from advantage import grpo_advantages, segment_multipliers, sharpo_token_advantages, shuffled_within_groups
 
 
 # ----------------------------------------------------------------------------- GRPO
@@ -41,6 +41,24 @@ def test_grpo_without_std():
     r = torch.tensor([10.0, 0.0, 2.0, 4.0])
     g = torch.tensor([1, 1, 0, 0])
     assert torch.allclose(grpo_advantages(r, g, norm_by_std=False), torch.tensor([5.0, -5.0, -1.0, 1.0]))
+
+
+def test_shuffled_rewards_keep_each_groups_advantages_and_move_them_between_episodes():
+    """The placebo control (--shuffle-rewards): per group, the same rewards and so the same advantages,
+    sorted; across many draws, each episode's advantage is no longer its own."""
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.9, 0.1, -0.1, 0.9])  # two groups of 4
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    draw = torch.Generator().manual_seed(0)
+    moved = 0
+    for _ in range(50):
+        s = shuffled_within_groups(r, g, draw)
+        for k in (0, 1):
+            assert torch.equal(s[g == k].sort().values, r[g == k].sort().values)
+            assert torch.equal(grpo_advantages(s, g)[g == k].sort().values, grpo_advantages(r, g)[g == k].sort().values)
+        moved += int(s[0] != 1.0)  # the winner of group 0 lost its reward
+    assert 25 <= moved <= 50  # 3 draws in 4 move it: 37.5 expected of 50
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(shuffled_within_groups(r, g, a), shuffled_within_groups(r, g, b))  # seeded: a resume repeats it
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
