@@ -285,3 +285,32 @@ def test_win_spread_counts_only_groups_where_some_won_and_some_did_not():
              episode(2, False), episode(2, False)]  # all alike
     out = rollout_metrics(trajs, [t.group for t in trajs])
     assert out["groups_with_spread"] == pytest.approx(2 / 3) and out["groups_with_win_spread"] == pytest.approx(1 / 3)
+
+
+def test_shuffle_rewards_hands_the_same_advantages_to_other_episodes(tmp_path):
+    """--shuffle-rewards (the placebo run): per group the advantages are the real run's, permuted; the
+    episodes' own rewards (what the metrics report) are untouched."""
+    def advantages_of(shuffle: bool):
+        args = train.parse_args(flags(model="tiny", preset="none", groups=2, group_size=4, max_steps=2,
+                                      max_new_tokens=8, eval_every=0, hindsight="expert",
+                                      output_dir=str(tmp_path / f"r{shuffle}")) + ["--shuffle-rewards"] * shuffle)
+        model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+        trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+        trajs, _ = trainer.rollout(1)
+        for i, t in enumerate(trajs):  # rewards that differ within each group
+            for k, step in enumerate(t.steps):
+                step.reward = float(i % 4) if k == 0 else 0.0
+        batch = trainer.make_rows(trajs)
+        trainer.advantages(batch)
+        first = {}  # each trajectory's advantage, from its first row
+        for row, (i, _) in enumerate(batch.steps):
+            first.setdefault(i, float(batch.adv_row[row]))
+        return [first[i] for i in sorted(first)], [t.reward for t in trajs], [t.group for t in trajs]
+
+    real, rewards, groups = advantages_of(False)
+    placebo, rewards_after, _ = advantages_of(True)
+    assert rewards_after == rewards  # the episodes keep their rewards
+    for g in set(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        assert sorted(placebo[i] for i in idx) == pytest.approx(sorted(real[i] for i in idx))
+    assert placebo != pytest.approx(real)  # seed 0, iteration 1: the draw moves at least one
