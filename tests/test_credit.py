@@ -313,3 +313,24 @@ def test_compare_starts_runs_seed_by_seed_and_passes_a_stop_on(tmp_path, monkeyp
     assert "sharpo seed 0, grpo seed 0, sharpo seed 1, grpo seed 1" in str(stopped.value)
     assert not stopped.value.terminated  # and every fake run was stopped (the 60 s sleeps did not run out):
     assert all(code == -signal.SIGINT for code in returncodes)
+
+
+def test_the_placebo_runs_grpo_on_shuffled_rewards(tmp_path, monkeypatch):
+    """--algos placebo is a run of train.py with --algo grpo --shuffle-rewards, in OUT/placebo-seed<k>."""
+    seen = []
+
+    class Done:
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda argv, **kw: seen.append(argv) or Done())
+    with pytest.raises(compare.UserError, match="no run .* has metrics"):  # the fake run wrote none
+        compare.main(["--algos", "placebo", "--seeds", "3", "--out", str(tmp_path), "--", "--model", "tiny",
+                      "--iterations", "1"])
+    argv = seen[0]
+    assert argv[argv.index("--algo") + 1] == "grpo" and "--shuffle-rewards" in argv
+    assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--output-dir") + 1] == str(tmp_path / "placebo-seed3")
+    with pytest.raises(compare.UserError, match="--shuffle-rewards"):
+        compare.main(["--algos", "grpo", "--out", str(tmp_path), "--", "--shuffle-rewards"])

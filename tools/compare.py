@@ -33,6 +33,12 @@ games with the same limits), so the table also says whether anything learned:
 With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
 should be. "No difference" is what overlapping intervals say.
 
+Besides the --algo values, --algos takes `placebo`: GRPO with --shuffle-rewards, each group's
+rewards handed to its episodes by chance. It updates as much as GRPO and learns nothing from
+what was done, so its learned_boot is what moving the policy alone does to the held-out games,
+and GRPO's vs_grpo_boot against it (its row's, sign reversed) is the control a claim of learning
+needs.
+
 Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
      python -m tools.compare --algos sharpo,grpo,gigpo --eval-split valid_seen --out runs/compare -- --iterations 4
 """
@@ -66,13 +72,14 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
 CURVES = ("success", "mean_reward", "invalid_rate", "groups_with_spread")
 BOOTSTRAP = 2000  # resamples of learned_boot
+CONTROLS = {"placebo": ["--algo", "grpo", "--shuffle-rewards"]}  # runs that are not an --algo: their train.py flags
 
 
 @dataclass
 class CompareArgs:
     """Command-line flags of compare.py (train.py's flags go after `--`)."""
 
-    algos: str = "sharpo,grpo"  # comma-separated --algo values
+    algos: str = "sharpo,grpo"  # comma-separated --algo values, or placebo (GRPO on shuffled rewards)
     seeds: str = "0,1,2"  # comma-separated seeds
     out: str = "runs/compare"  # folder of the runs and of the summary
     jobs: int = 1  # runs at the same time (each with OMP_NUM_THREADS = cores / jobs)
@@ -352,7 +359,7 @@ def launch(algo: str, seed: int, run: Path, train_flags: list[str], threads: int
         argv = ["--resume", str(run)]
     else:  # a folder without a complete checkpoint holds nothing to resume: start it afresh
         shutil.rmtree(run, ignore_errors=True)
-        argv = [*train_flags, "--algo", algo, "--seed", str(seed), "--output-dir", str(run)]
+        argv = [*train_flags, *CONTROLS.get(algo, ["--algo", algo]), "--seed", str(seed), "--output-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = open(run.parent / f"{run.name}.log", "a")
     return subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent.parent / "train.py"), *argv],
@@ -437,8 +444,9 @@ def main(argv: list[str] | None = None) -> dict:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
         seeds = []
     problems += seed_problems("--seeds", seeds)
-    problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join(ALGORITHMS)})" for a in algos if a not in ALGORITHMS]
-    for flag in ("--algo", "--seed", "--output-dir", "--resume"):
+    problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join([*ALGORITHMS, *CONTROLS])})"
+                 for a in algos if a not in ALGORITHMS and a not in CONTROLS]
+    for flag in ("--algo", "--seed", "--output-dir", "--resume", "--shuffle-rewards"):
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
             problems.append(f"{flag} is set by compare.py for each run; drop it after --")
     run_flags = None if problems else train.parse_args(train_flags)  # the runs' flags, as train.py resolves them
