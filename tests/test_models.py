@@ -9,7 +9,8 @@ import train
 from envs.alfworld import AlfWorldEnv
 from infra import config
 from infra.cli import UserError
-from rollout import ModelPolicy, build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, play_episodes
+from rollout import (ModelPolicy, build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, play_episodes, smollm2_folder,
+                     smollm2_gguf)
 from stub_env import StubEnv
 from tiny_runs import flags
 
@@ -27,6 +28,41 @@ def test_embedded_smollm2_plays_a_short_episode():
         assert 1 <= len(traj.steps) <= 2
         for step in traj.steps:
             assert 1 <= len(step.response_ids) <= 24 and step.prompt_ids
+
+
+def test_the_embedded_model_folder_holds_the_gguf_weights_and_tokenizer(tmp_path, monkeypatch):
+    """The folder made once from the GGUF file loads to the very weights, config and tokenizer that
+    reading the GGUF gives; it is made whole (no partial folder left) and then only read."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("SHARPO_CACHE", str(tmp_path))
+    said = []
+    folder = smollm2_folder(announce=said.append)
+    assert folder.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert len(said) == 1 and "converting" in said[0]
+    assert smollm2_folder(announce=said.append) == folder and len(said) == 1  # made once
+    gguf = smollm2_gguf()
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cached = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    a, b = direct.state_dict(), cached.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cached.config.tie_word_embeddings == direct.config.tie_word_embeddings
+    tok_direct = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok_cached = AutoTokenizer.from_pretrained(folder)
+    text = (config.DATA.parent / "README.md").read_text() + " ünïcödé 日本語 <|im_end|>\n\n  x"
+    messages = [{"role": "user", "content": "go to desk 1"}, {"role": "assistant", "content": "<action>look</action>"}]
+    assert tok_cached(text)["input_ids"] == tok_direct(text)["input_ids"]
+    assert tok_cached.apply_chat_template(messages, tokenize=False) == tok_direct.apply_chat_template(messages, tokenize=False)
+    assert (tok_cached.eos_token_id, tok_cached.pad_token_id, len(tok_cached)) == \
+        (tok_direct.eos_token_id, tok_direct.pad_token_id, len(tok_direct))
+
+
+def test_an_unwritable_model_cache_reads_the_gguf_file(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SHARPO_CACHE", str(tmp_path / "a-file" / "cache"))
+    said = []
+    assert smollm2_folder(announce=said.append) == smollm2_gguf()
+    assert "SHARPO_CACHE" in said[0]
 
 
 def test_fit_check_refuses_a_model_too_big(tmp_path):
@@ -57,6 +93,23 @@ def test_eval_expert_and_a_trained_checkpoint(tmp_path):
                           "--num-games", "2", "--max-steps", "2", "--max-new-tokens", "4"])
     assert m["episodes"] == 2 and m["invalid_rate"] == 1.0  # a random tiny model cannot answer validly
     assert (tmp_path / "run" / "eval_alfworld_valid_unseen_iter-000001.json").exists()
+
+
+def test_eval_samples_each_game_several_times(tmp_path):
+    """--samples-per-game K plays each game K times and records the share of them won; a greedy
+    policy would replay one episode K times, so K > 1 needs sampling."""
+    from segments import Trajectory
+
+    trajs = [Trajectory("a", 0, "t", won=w) for w in (True, False, True, False)] + [Trajectory("b", 0, "t", won=True)]
+    outcomes = eval_script.game_outcomes(trajs)
+    assert outcomes["a"] == {"won": 0.5, "steps": 0.0, "samples": 4} and outcomes["b"] == {"won": True, "steps": 0}
+    out = tmp_path / "sampled.json"
+    m = eval_script.main(["--policy", "model", "--model", "tiny", "--temperature", "1", "--samples-per-game", "3",
+                          "--num-games", "2", "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out)])
+    games = json.loads(out.read_text())["games"]
+    assert m["episodes"] == 6 and len(games) == 2 and all(g["samples"] == 3 for g in games.values())
+    with pytest.raises(UserError, match="--temperature > 0"):
+        eval_script.main(["--policy", "model", "--model", "tiny", "--samples-per-game", "3"])
 
 
 def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
