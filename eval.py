@@ -14,7 +14,8 @@ Metrics (printed as a table and written as JSON):
   mean_steps        mean episode length in env steps
   invalid_rate      invalid actions / all steps
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
-  games             (JSON only) each game's outcome: won, steps (for intervals paired over games)
+  games             (JSON only) each game's outcome: won, steps (for intervals paired over games); with
+                    --samples-per-game K > 1, won is the share of its K episodes won, steps their mean
 
 Run: python eval.py --env alfworld --policy expert            (the shipped games; --data-dir DIR --split valid_seen for real ones)
      python eval.py --policy model --model smollm2 --init-adapter data/warmstart/smollm2-alfworld   (the CPU warm start)
@@ -61,6 +62,7 @@ class EvalArgs:
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # with --model: precision (train.py's --dtype); a checkpoint keeps its run's
     checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
     temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
+    samples_per_game: int = 1  # episodes per game (with --temperature > 0): each game's success is the share won
     max_new_tokens: int = 256  # response length limit for --policy model
     seed: int = 0  # seed for the random policy and sampling
     out: str | None = None  # JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder
@@ -168,8 +170,19 @@ def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, 
 
 
 def game_outcomes(trajs) -> dict:
-    """Each game's outcome, as eval.py's JSON holds it (for intervals paired over games)."""
-    return {t.task_id: {"won": t.won, "steps": len(t.steps)} for t in trajs}
+    """Each game's outcome, as eval.py's JSON holds it (for intervals paired over games): won and
+    steps; a game played K > 1 times gets the share of its episodes won and their mean steps."""
+    by_game = defaultdict(list)
+    for t in trajs:
+        by_game[t.task_id].append(t)
+    out = {}
+    for game, ts in by_game.items():
+        if len(ts) == 1:
+            out[game] = {"won": ts[0].won, "steps": len(ts[0].steps)}
+        else:
+            out[game] = {"won": sum(t.won for t in ts) / len(ts), "steps": sum(len(t.steps) for t in ts) / len(ts),
+                         "samples": len(ts)}
+    return out
 
 
 def print_table(metrics: dict, title: str) -> None:
@@ -186,7 +199,7 @@ def print_table(metrics: dict, title: str) -> None:
 
 def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
-    problems = check_domains(args, positive=("batch_size", "max_new_tokens"),
+    problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
     try:
         history_length(args.history)
@@ -198,6 +211,9 @@ def check_args(args: EvalArgs) -> None:
         problems.append("--model and --checkpoint: the checkpoint names its own base model; drop --model")
     if args.init_adapter and (args.checkpoint or args.policy != "model"):
         problems.append("--init-adapter is for --policy model without --checkpoint (a checkpoint carries its own)")
+    if args.samples_per_game > 1 and not (args.policy == "model" and args.temperature > 0):
+        problems.append(f"--samples-per-game {args.samples_per_game} replays a game's episode; only a model sampling "
+                        "(--policy model --temperature > 0) plays it differently: add those, or drop the flag")
     if problems:
         raise UserError("; ".join(problems))
 
@@ -214,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
         env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
                        workers=resolve_workers(args.env_workers, args.batch_size))
         split = args.split or env.default_eval_split
-        task_ids = pick_games(env, split, args.num_games)
+        task_ids = [g for g in pick_games(env, split, args.num_games) for _ in range(args.samples_per_game)]
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
     if args.policy == "expert":

@@ -191,7 +191,7 @@ def paired_bootstrap(a: dict[int, dict], b: dict[int, dict], n: int = BOOTSTRAP,
 def won_by_game(record: dict) -> dict | None:
     """{game: won} of an evaluation record (eval.py's JSON, or a run's in-loop evaluation)."""
     games = record.get("games")
-    return {g: bool(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
+    return {g: float(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
 
 
 def iteration_seconds(m: dict) -> float:
