@@ -3,10 +3,12 @@ seed statistics; checked on values small enough to work out by hand."""
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from infra.cli import UserError
 from segments import Step, Trajectory
 from tools import compare, credit
 
@@ -172,6 +174,42 @@ def test_the_start_is_evaluated_in_the_runs_precision(tmp_path, monkeypatch):
     compare.evaluate(tmp_path, {("sharpo", 0): run}, args, iterations=4)
     start = next(argv for argv in calls if str(tmp_path / "eval_start_valid_seen.json") in argv)
     assert start[start.index("--dtype") + 1] == "bf16" and start[start.index("--init-adapter") + 1] == "w"
+
+
+def test_a_sampled_held_out_evaluation_asks_eval_py_for_it_and_keeps_its_own_files(tmp_path, monkeypatch):
+    """--eval-samples K --eval-temperature T: the start and each finished run are evaluated by eval.py
+    with those flags, into files of their own (a greedy evaluation on disk is not read for them, nor is
+    the run's greedy in-loop one), and the shares won per game are what the bootstrap pairs."""
+    run = tmp_path / "grpo-seed0"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": None}))
+    lines = [{"iteration": i, "success": 0.5, "seconds/rollout": 9.0} for i in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    greedy = {"success": 1.0, "games": {"g0": {"won": True}, "g1": {"won": True}},
+              "config": {"max_steps": 8, "max_new_tokens": 64, "checkpoint": None}}
+    (run / "eval_alfworld_valid_seen_iter-000002.json").write_text(json.dumps(greedy))
+    (tmp_path / "eval_start_valid_seen.json").write_text(json.dumps(greedy))
+    shares = {"start": {"g0": 0.25, "g1": 0.5}, "run": {"g0": 0.75, "g1": 0.5}}
+    calls = []
+
+    def fake_eval(argv, **kwargs):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        won = shares["start" if "start" in out.name else "run"]
+        out.write_text(json.dumps({"success": sum(won.values()) / 2, "games": {g: {"won": w} for g, w in won.items()},
+                                   "config": {"checkpoint": f"{run}/checkpoints/iter-000002"}}))
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_eval)
+    monkeypatch.setattr(compare, "run_state", lambda run, iterations: "done")
+    table = compare.main(["--algos", "grpo", "--seeds", "0", "--out", str(tmp_path), "--eval-split", "valid_seen",
+                          "--eval-samples", "4", "--eval-temperature", "0.6", "--", "--env", "alfworld", "--iterations", "2"])
+    assert len(calls) == 2 and all(a[a.index("--samples-per-game") + 1] == "4" and a[a.index("--temperature") + 1] == "0.6"
+                                   for a in calls)
+    assert (tmp_path / "eval_start_valid_seen_t0.6x4.json").is_file() and (run / "eval_valid_seen_final_t0.6x4.json").is_file()
+    assert table["grpo"]["learned_boot"][0] == pytest.approx(0.25)  # (0.75 - 0.25 + 0.5 - 0.5) / 2 games
+    with pytest.raises(UserError, match="--eval-temperature"):
+        compare.main(["--algos", "grpo", "--seeds", "0", "--out", str(tmp_path), "--eval-split", "valid_seen",
+                      "--eval-samples", "4", "--", "--env", "alfworld"])
 
 
 def test_learned_bootstrap_pairs_games_and_seeds():

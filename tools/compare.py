@@ -30,6 +30,11 @@ games with the same limits), so the table also says whether anything learned:
   reach_vs_grpo   (summary.json) iterations an algorithm's mean held-out curve needs to reach
                   GRPO's final mean, over GRPO's iterations (linear between evaluations)
 
+--eval-samples K --eval-temperature T replaces the greedy outcome of each game (one coin, which any
+small change of the weights can flip) by the share of K episodes won at temperature T, and every
+held-out number above by its sampled form (files eval_start_<split>_t<T>x<K>.json and
+eval_<split>_final_t<T>x<K>.json; the in-loop evaluations and learning.png stay greedy).
+
 With n seeds the interval is mean +- t_{0.975, n-1} * sd / sqrt(n): wide for 3 seeds, as it
 should be. "No difference" is what overlapping intervals say.
 
@@ -88,6 +93,8 @@ class CompareArgs:
     eval_split: str = ""  # evaluate the start policy and each run's last checkpoint on this split ("" = no)
     eval_max_steps: int = 8  # env steps per evaluation episode
     eval_new_tokens: int = 64  # response length limit in the evaluation
+    eval_samples: int = 1  # episodes per held-out game; > 1 samples each game that often at --eval-temperature
+    eval_temperature: float = 0.0  # 0 = greedy; with --eval-samples, e.g. the runs' own --temperature
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -396,24 +403,33 @@ def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs
     return None
 
 
+def sampled_tag(args: "CompareArgs") -> str:
+    """The file-name tag of a sampled held-out evaluation ("" for the greedy one)."""
+    if args.eval_samples == 1 and args.eval_temperature == 0:
+        return ""
+    return f"_t{args.eval_temperature:g}x{args.eval_samples}"
+
+
 def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> dict:
     """Greedy held-out evaluation records (eval.py's JSON) of the start policy and of each finished
     run's last checkpoint (eval.py in a subprocess each, all CPU threads; a result already on disk,
     or the run's own in-loop evaluation of its last iteration, is read, not recomputed)."""
-    split, results = args.eval_split, {}
+    split, results, tag = args.eval_split, {}, sampled_tag(args)
     common = ["--policy", "model", "--split", split, "--max-steps", str(args.eval_max_steps),
               "--max-new-tokens", str(args.eval_new_tokens)]
+    if tag:
+        common += ["--temperature", str(args.eval_temperature), "--samples-per-game", str(args.eval_samples), "--seed", "0"]
     first = next((run for run in runs_of.values() if (run / "config.json").is_file()), None)
     if first is None:
         return {}
     config = json.loads((first / "config.json").read_text())
     common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
-    jobs = {"start": (out / f"eval_start_{split}.json", ["--model", config["model"]]  # in the runs' precision:
+    jobs = {"start": (out / f"eval_start_{split}{tag}.json", ["--model", config["model"]]  # in the runs' precision:
                       + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
     for key, run in runs_of.items():
-        path = run / f"eval_{split}_final.json"
-        own = in_loop_evaluation(run, split, iterations, args)
+        path = run / f"eval_{split}_final{tag}.json"
+        own = None if tag else in_loop_evaluation(run, split, iterations, args)  # the loop's are greedy
         if own is not None:
             jobs[key] = (own, [])
         elif evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
@@ -436,7 +452,10 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parse_dataclass(CompareArgs, own, description=__doc__)
-    problems = check_domains(args, positive=("jobs", "final_window"))
+    problems = check_domains(args, positive=("jobs", "final_window", "eval_samples"), non_negative=("eval_temperature",))
+    if args.eval_samples > 1 and args.eval_temperature == 0:
+        problems.append(f"--eval-samples {args.eval_samples} would replay each greedy episode: add --eval-temperature "
+                        "(e.g. the runs' --temperature)")
     algos = [a for a in args.algos.split(",") if a]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -498,7 +517,8 @@ def main(argv: list[str] | None = None) -> dict:
     curves_png(runs, out / "curves.png")
     extra = {}
     if args.eval_split:
-        start = held_out["start"] if held_out else None
+        greedy_start = out / f"eval_start_{args.eval_split}.json"  # the in-loop curves are greedy: so is their start
+        start = json.loads(greedy_start.read_text())["success"] if greedy_start.is_file() else None
         curves = {a: [eval_curve(runs_of[(a, s)], args.eval_split, runs[a][s], start) for s in seeds if runs[a][s]]
                   for a in algos}
         if any(len(c) > 1 for runs_c in curves.values() for c in runs_c):
@@ -508,7 +528,9 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "summary.md").write_text(markdown_table(table))
     (out / "summary.json").write_text(json.dumps({"train_flags": train_flags, "algos": algos, "seeds": seeds,
                                                   "final_window": args.final_window, "eval_split": args.eval_split,
-                                                  "eval_max_steps": args.eval_max_steps, "table": table, **extra},
+                                                  "eval_max_steps": args.eval_max_steps,
+                                                  "eval_samples": args.eval_samples,
+                                                  "eval_temperature": args.eval_temperature, "table": table, **extra},
                                                  indent=1))
     print(markdown_table(table))
     print(f"wrote {out / 'curves.png'}, {out / 'summary.md'}, {out / 'summary.json'}")
