@@ -145,7 +145,7 @@ def smollm2_folder(announce=print) -> Path:
     """The embedded model as a plain model folder (float32 safetensors, tokenizer), made once from
     the GGUF file. transformers parses the GGUF's metadata anew for the config, the tokenizer and
     the weights, ~5 s each on 2 cores; the folder loads in under a second. The weights are the
-    GGUF's, dequantized exactly as a direct load does (tests/test_rollout.py compares them). It
+    GGUF's, dequantized exactly as a direct load does (tests/test_models.py compares them). It
     lives in $SHARPO_CACHE (default ~/.cache/sharpo), one per transformers version (the conversion
     is its code); where that cannot be written, the GGUF file itself is returned, read each time."""
     import transformers
