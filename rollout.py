@@ -215,12 +215,13 @@ def default_model_name() -> str:
     return QWEN_DEFAULT if torch.cuda.is_available() else "smollm2"
 
 
-def load_tokenizer(name: str):
-    """The tokenizer of `name` ("tiny", "smollm2", a Hugging Face id or a local path), left-padding."""
+def load_tokenizer(name: str, announce=print):
+    """The tokenizer of `name` ("tiny", "smollm2", a Hugging Face id or a local path), left-padding.
+    announce: where the one-time conversion of the embedded model is said."""
     if name == "tiny":
         return build_tiny_tokenizer()
     if name == "smollm2":
-        tok = AutoTokenizer.from_pretrained(**_smollm2_source(), trust_remote_code=False)
+        tok = AutoTokenizer.from_pretrained(**_smollm2_source(announce), trust_remote_code=False)
     else:
         check_model_source(name)
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never code from a model folder
@@ -315,7 +316,7 @@ def load_policy(
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if load_in_4bit is None:
         load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")
-    tokenizer = load_tokenizer(name)
+    tokenizer = load_tokenizer(name, announce)  # the embedded model's folder is made here, on its first load
     if name == "tiny":
         base = build_tiny_model(tokenizer, seed=seed)
     elif name == "smollm2":
