@@ -141,6 +141,9 @@ def smollm2_gguf() -> Path:
     return path
 
 
+_NO_FOLDER: set[Path] = set()  # model folders this process could not write: it reads the GGUF, said once
+
+
 def smollm2_folder(announce=print) -> Path:
     """The embedded model as a plain model folder (float32 safetensors, tokenizer), made once from
     the GGUF file. transformers parses the GGUF's metadata anew for the config, the tokenizer and
@@ -155,10 +158,13 @@ def smollm2_folder(announce=print) -> Path:
     folder = cache / f"smollm2-135m-instruct-{gguf.stat().st_size}-transformers-{transformers.__version__}"
     if (folder / "model.safetensors").is_file():
         return folder
+    if folder in _NO_FOLDER:  # tried already (the tokenizer's load, then the model's): neither again nor said twice
+        return gguf
     try:
         cache.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=cache))
     except OSError as err:
+        _NO_FOLDER.add(folder)
         announce(f"cannot write the model cache {cache} ({err.strerror or err}): reading the GGUF file, ~15 s "
                  "(set SHARPO_CACHE to a writable folder)")
         return gguf
@@ -175,6 +181,7 @@ def smollm2_folder(announce=print) -> Path:
         partial.rename(folder)  # whole or absent: a run killed while saving leaves only a .partial folder
     except OSError as err:
         if not (folder / "model.safetensors").is_file():  # else another process made it meanwhile
+            _NO_FOLDER.add(folder)
             announce(f"could not write {folder} ({err.strerror or err}): reading the GGUF file directly")
             return gguf
     finally:

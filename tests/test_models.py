@@ -63,6 +63,28 @@ def test_an_unwritable_model_cache_reads_the_gguf_file(tmp_path, monkeypatch):
     said = []
     assert smollm2_folder(announce=said.append) == smollm2_gguf()
     assert "SHARPO_CACHE" in said[0]
+    assert smollm2_folder(announce=said.append) == smollm2_gguf() and len(said) == 1  # a load's second call: said once
+
+
+def test_a_failed_conversion_is_tried_once_per_process(tmp_path, monkeypatch):
+    """A conversion that fails (a full disk) falls back to the GGUF file once: the tokenizer's load
+    and the model's load of one run do not convert twice, and the line is said once; no partial folder stays."""
+    import rollout
+
+    monkeypatch.setenv("SHARPO_CACHE", str(tmp_path))
+    tries = []
+
+    def full_disk(*args, **kwargs):
+        tries.append(1)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rollout.AutoTokenizer, "from_pretrained", full_disk)
+    said = []
+    assert smollm2_folder(announce=said.append) == smollm2_gguf()
+    assert len(said) == 2 and "converting" in said[0] and "No space left" in said[1]
+    assert smollm2_folder(announce=said.append) == smollm2_gguf()
+    assert len(tries) == 1 and len(said) == 2
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_fit_check_refuses_a_model_too_big(tmp_path):
