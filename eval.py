@@ -171,7 +171,9 @@ def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, 
 
 def game_outcomes(trajs) -> dict:
     """Each game's outcome, as eval.py's JSON holds it (for intervals paired over games): won and
-    steps; a game played K > 1 times gets the share of its episodes won and their mean steps."""
+    steps; a game played K > 1 times gets the share of its episodes won and their mean steps. And
+    what was done: `actions`, one list per episode of the actions taken (null: an invalid answer),
+    so that a lost episode can be read afterwards (what it took, where it went)."""
     by_game = defaultdict(list)
     for t in trajs:
         by_game[t.task_id].append(t)
@@ -182,6 +184,7 @@ def game_outcomes(trajs) -> dict:
         else:
             out[game] = {"won": sum(t.won for t in ts) / len(ts), "steps": sum(len(t.steps) for t in ts) / len(ts),
                          "samples": len(ts)}
+        out[game]["actions"] = [[s.action for s in t.steps] for t in ts]
     return out
 
 

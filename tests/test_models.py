@@ -122,14 +122,19 @@ def test_eval_samples_each_game_several_times(tmp_path):
     policy would replay one episode K times, so K > 1 needs sampling."""
     from segments import Trajectory
 
+    from segments import Step
+
     trajs = [Trajectory("a", 0, "t", won=w) for w in (True, False, True, False)] + [Trajectory("b", 0, "t", won=True)]
+    trajs[-1].steps = [Step([], [], [], "", a, 0.0, "", None) for a in ("go to desk 1", None)]
     outcomes = eval_script.game_outcomes(trajs)
-    assert outcomes["a"] == {"won": 0.5, "steps": 0.0, "samples": 4} and outcomes["b"] == {"won": True, "steps": 0}
+    assert outcomes["a"] == {"won": 0.5, "steps": 0.0, "samples": 4, "actions": [[], [], [], []]}
+    assert outcomes["b"] == {"won": True, "steps": 2, "actions": [["go to desk 1", None]]}
     out = tmp_path / "sampled.json"
     m = eval_script.main(["--policy", "model", "--model", "tiny", "--temperature", "1", "--samples-per-game", "3",
                           "--num-games", "2", "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out)])
     games = json.loads(out.read_text())["games"]
     assert m["episodes"] == 6 and len(games) == 2 and all(g["samples"] == 3 for g in games.values())
+    assert all(len(g["actions"]) == 3 and all(len(a) == 1 for a in g["actions"]) for g in games.values())
     with pytest.raises(UserError, match="--temperature > 0"):
         eval_script.main(["--policy", "model", "--model", "tiny", "--samples-per-game", "3"])
 
