@@ -1,6 +1,7 @@
 """tools/credit.py and tools/compare.py: labels, ROC AUC with ties, the game bootstrap and paired differences,
 seed statistics; checked on values small enough to work out by hand."""
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -311,6 +312,11 @@ def test_credit_end_to_end_on_the_stub_env():
     alone = credit.score_steps(model, tok, [trajs[0]], blocks, labels[:1], args)
     assert len(both["won"]) == 2 * len(alone["won"])
     assert sorted(both["label"]) == sorted(alone["label"] + [not x for x in alone["label"]])
+    cooler = credit.score_steps(model, tok, trajs, blocks, credit.step_labels(trajs),
+                                dataclasses.replace(args, temperature=0.5))  # the log-probs of a policy sampled at 0.5
+    assert cooler["label"] == data["label"] and cooler["scores"]["surprise"] != data["scores"]["surprise"]
+    with pytest.raises(UserError, match="temperature"):
+        credit.main(["--temperature", "0"])
     table = credit.auc_table(data, n_boot=20)
     for kind, name in credit.SCORE_ROWS:
         for part in ("blame/label", "credit/label", "blame/label_expert"):

@@ -103,6 +103,7 @@ class CreditArgs:
     seeds: str = "0,1,2"  # sampling seeds, comma-separated: each plays every game G times
     max_steps: int = 4  # env steps per episode (0 = the env's default)
     max_new_tokens: int = 64  # response length limit per turn
+    temperature: float = 1.0  # sampling temperature, as train.py's (the log-probs use the same); cpu-learn's is 0.6
     history: str = "2"  # observation/action pairs in the prompt
     mult_eps: float = 0.2  # multiplier bound eps_m
     gigpo_gamma: float = 0.95  # GiGPO's discount (for its no-teacher score)
@@ -346,13 +347,14 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     segment_ids = response_segment_ids(lengths, T)  # (B, T) 0 on the response, -1 on padding
     action_mask = action_masks(tokenizer, rows, T)  # (B, T) tokens inside <action>
     mb, pad = args.micro_batch_rows, tokenizer.pad_token_id
-    logp_student = rows_logprobs(model, rows, pad, mb, 1.0, T, desc="student")  # (B, T)
+    logp_student = rows_logprobs(model, rows, pad, mb, args.temperature, T, desc="student")  # (B, T)
     logp_teachers = {}
     for name in TEACHERS:
         teacher_rows = [build_teacher_row(tokenizer, s.messages, s.response_ids,
                                           format_plan(EXPERT_HEADLINE, blocks[trajs[i].task_id][name]))
                         for i, _, s in steps_kept]
-        logp_teachers[name] = rows_logprobs(model, teacher_rows, pad, mb, 1.0, T, desc=f"teacher: {name}")  # (B, T)
+        logp_teachers[name] = rows_logprobs(model, teacher_rows, pad, mb, args.temperature, T,
+                                            desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
     scores = step_scores(logp_student, logp_teachers, segment_ids, action_mask, sign, args.mult_eps)
@@ -461,7 +463,7 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
     trajs = []
     for seed in seeds:
         torch.manual_seed(seed)
-        policy = ModelPolicy(model, tokenizer, args.max_new_tokens, temperature=1.0)
+        policy = ModelPolicy(model, tokenizer, args.max_new_tokens, temperature=args.temperature)
         task_ids = [g for g in games for _ in range(args.group_size)]
         groups = [seed * 10_000 + k for k in range(len(games)) for _ in range(args.group_size)]
         trajs += play_episodes(env, task_ids, policy, history_length(args.history), groups, desc=f"seed {seed}")
@@ -471,7 +473,8 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # credit.json says which ran
-    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows"),
+    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows",
+                                             "temperature"),
                              non_negative=("games", "max_steps"))
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
