@@ -12,33 +12,41 @@ import json
 import sys
 
 
+def asked_object(record: dict) -> str:
+    """The object the task names: <split>/<family>-<Object>-None-<Target>-<n>/<trial>."""
+    return record["task_id"].split("/")[1].split("-")[1].lower()
+
+
+def first_take(record: dict) -> int | None:
+    """The index of the episode's first `take` step; None if it took nothing."""
+    return next((i for i, s in enumerate(record["segments"]) if (s["action"] or "").startswith("take ")), None)
+
+
 def kind_of(record: dict) -> str:
-    family, obj = record["task_id"].split("/")[1].split("-")[:2]
     actions = [s["action"] or "(invalid)" for s in record["segments"]]
-    takes = [i for i, a in enumerate(actions) if a.startswith("take ")]
-    if not takes:
+    take = first_take(record)
+    if take is None:
         return "took nothing"
-    if actions[takes[0]].split()[1] != obj.lower():
+    if actions[take].split()[1] != asked_object(record):
         return "took a wrong object first"
-    after = actions[takes[0] + 1:]
-    final = "use " if family == "look_at_obj_in_light" else "move "
-    return "took the right object, then " + ("acted on it wrongly" if any(a.startswith(final) for a in after)
+    final = "use " if record["task_id"].split("/")[1].startswith("look_at_obj_in_light") else "move "
+    return "took the right object, then " + ("acted on it wrongly" if any(a.startswith(final) for a in actions[take + 1:])
                                                else "never used it")
 
 
-def first_take(record: dict) -> tuple[bool, bool] | None:
+def at_first_take(record: dict) -> tuple[bool, bool] | None:
     """(the right object, the object in view) at the episode's first take; None if it took nothing."""
-    obj = record["task_id"].split("/")[1].split("-")[1].lower()
-    for s in record["segments"]:
-        if (s["action"] or "").startswith("take "):
-            return s["action"].split()[1] == obj, f" {obj} 1" in s["observation"].lower()
-    return None
+    take = first_take(record)
+    if take is None:
+        return None
+    step, obj = record["segments"][take], asked_object(record)
+    return step["action"].split()[1] == obj, f" {obj} 1" in step["observation"].lower()
 
 
 def main(paths: list[str]) -> dict:
     records = [json.loads(line) for p in paths for line in open(p)]
     lost = collections.Counter(kind_of(r) for r in records if not r["won"])
-    takes = collections.Counter(first_take(r) for r in records)
+    takes = collections.Counter(at_first_take(r) for r in records)
     out = {"files": len(paths), "episodes": len(records), "won": sum(r["won"] for r in records),
            "lost_by_kind": dict(lost.most_common()),
            "first_take": {f"{'right' if k[0] else 'wrong'} object, the asked-for one {'in' if k[1] else 'not in'} view": v
