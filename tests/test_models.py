@@ -120,9 +120,7 @@ def test_eval_expert_and_a_trained_checkpoint(tmp_path):
 def test_eval_samples_each_game_several_times(tmp_path):
     """--samples-per-game K plays each game K times and records the share of them won; a greedy
     policy would replay one episode K times, so K > 1 needs sampling."""
-    from segments import Trajectory
-
-    from segments import Step
+    from segments import Step, Trajectory
 
     trajs = [Trajectory("a", 0, "t", won=w) for w in (True, False, True, False)] + [Trajectory("b", 0, "t", won=True)]
     trajs[-1].steps = [Step([], [], [], "", a, 0.0, "", None) for a in ("go to desk 1", None)]
