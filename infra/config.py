@@ -35,12 +35,12 @@ PRESETS = {
         model="smollm2", lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0, iterations=2, groups=2, group_size=4,
         max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
     ),
-    "cpu-learn": dict(  # the CPU run meant to learn (data/alfworld-learn); settings from the pilot sweep so far,
-        # results/learning-cpu/sweep: at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
-        # 2 tasks x 8 rollouts gained as much held-out success in 4 iterations as 4 x 4 (one seed each); 4
-        # iterations, not 8: an iteration with no tied group took ~25 minutes with 3 runs on 2 cores
-        model="smollm2", lora_r=8, lora_alpha=16, lr=3e-4, kl_coef=0.0, iterations=4, groups=2, group_size=8,
-        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=4, eval_games=32,
+    "cpu-learn": dict(  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
+        # (results/learning-cpu/sweep): at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
+        # 4 tasks x 4 rollouts for 8 iterations, 4 optimizer steps each: its runs saw 8-15 groups holding both a
+        # win and a loss (the groups that say "take the object the task names"), 2 x 8 for 4 iterations saw 2-5
+        model="smollm2", lora_r=8, lora_alpha=16, lr=3e-4, kl_coef=0.0, iterations=8, groups=4, group_size=4,
+        max_new_tokens=64, hindsight="expert", minibatches=4, micro_batch_rows=4, eval_every=8, eval_games=32,
         data_dir=str(DATA / "alfworld-learn"), eval_split="valid_seen", init_adapter=str(LEARN_WARMSTART),
         max_steps=6, temperature=0.6,
     ),
