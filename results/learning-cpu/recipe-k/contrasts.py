@@ -3,9 +3,10 @@ GRPO, paired per seed and game, greedy and sampled; SHARPO's multipliers per ite
 
     python results/learning-cpu/recipe-k/contrasts.py   (from the repository root; writes contrasts.json)
 
-summary_greedy.md and summary.md (tools.compare's gathers, command.txt) hold each algorithm against
-the start and against GRPO; this adds the contrast with the placebo, the control a claim of learning
-needs, and what SHARPO's multiplier did as the rollouts' success changed.
+summary.md (greedy) and summary_sampled.md (tools.compare's gathers, command.txt) hold each algorithm
+against the start and against GRPO; this puts both measures in one table with the contrast with the
+placebo, the control a claim of learning needs, and what SHARPO's multiplier did as the rollouts'
+success changed.
 """
 import json
 import sys
