@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -263,11 +264,18 @@ def test_gather_reads_the_runs_own_evaluations_into_the_learning_picture(tmp_pat
             (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
             for it, won in zip((2, 4), wins):
                 (run / f"eval_alfworld_valid_seen_iter-{it:06d}.json").write_text(json.dumps(record(won + seed, it)))
-    table = compare.main(["--algos", "sharpo,grpo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only",
+    placebo = tmp_path / "placebo-seed0"  # the control ran seed 0 only: its contrast pairs that seed alone
+    shutil.copytree(tmp_path / "grpo-seed0", placebo)
+    (placebo / "eval_alfworld_valid_seen_iter-000004.json").write_text(json.dumps(record(1, 4)))
+    table = compare.main(["--algos", "sharpo,grpo,placebo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only",
                           "--eval-split", "valid_seen", "--eval-max-steps", "6",
                           "--", "--env", "alfworld", "--iterations", "4"])
     assert table["sharpo"]["held_out_after"][0] == pytest.approx((5 + 6) / 16)  # the runs' own last evaluations
     assert table["sharpo"]["learned_boot"][0] == pytest.approx((4 + 5) / 16)
+    assert table["sharpo"]["vs_placebo_boot"][0] == pytest.approx((5 - 1) / 8)  # seed 0's games only
+    assert table["grpo"]["vs_placebo_boot"][0] == pytest.approx((4 - 1) / 8)
+    assert "vs_placebo_boot" not in table["placebo"]
+    assert "after - placebo's" in (tmp_path / "summary.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["held_out_curves"]["grpo"][0][0] == [0, 1 / 8, 0.0]  # the start, at iteration 0 and minute 0
     assert summary["held_out_curves"]["grpo"][0][1] == [2, 2 / 8, 2.0]

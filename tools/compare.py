@@ -25,6 +25,8 @@ games with the same limits), so the table also says whether anything learned:
                   games and seeds (both resampled): the interval a claim of learning needs
   vs_grpo_boot    held_out_after minus GRPO's, paired per seed and game (the same bootstrap):
                   the interval a claim that an algorithm beats GRPO needs
+  vs_placebo_boot held_out_after minus the placebo's (below), paired per seed and game over the
+                  seeds both ran: the interval a claim that the reward taught anything needs
   learning.png    held-out success (start, every in-loop evaluation) and the rollout success
                   over the last 5 iterations, against iteration and against wall-clock minutes
   reach_vs_grpo   (summary.json) iterations an algorithm's mean held-out curve needs to reach
@@ -41,8 +43,7 @@ should be. "No difference" is what overlapping intervals say.
 Besides the --algo values, --algos takes `placebo`: GRPO with --shuffle-rewards, each group's
 rewards handed to its episodes by chance. It updates as much as GRPO and learns nothing from
 what was done, so its learned_boot is what moving the policy alone does to the held-out games,
-and GRPO's vs_grpo_boot against it (its row's, sign reversed) is the control a claim of learning
-needs.
+and each algorithm's vs_placebo_boot is the control a claim of learning needs.
 
 Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
      python -m tools.compare --algos sharpo,grpo,gigpo --eval-split valid_seen --out runs/compare -- --iterations 4
@@ -257,19 +258,19 @@ def markdown_table(table: dict) -> str:
 
     held = any(r.get("held_out_after") for r in table.values())
     boot = any(r.get("learned_boot") for r in table.values())
-    vs = any(r.get("vs_grpo_boot") for r in table.values())
+    vs = [c for c in ("grpo", "placebo") if any(r.get(f"vs_{c}_boot") for r in table.values())]
     lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
              + (" held-out start | held-out after | learned |" if held else "")
              + (" learned, paired over games (bootstrap) |" if boot else "")
-             + (" after - GRPO's, paired (bootstrap) |" if vs else ""),
+             + "".join(f" after - {'GRPO' if c == 'grpo' else c}'s, paired (bootstrap) |" for c in vs),
              "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "") + ("---|" if boot else "")
-             + ("---|" if vs else "")]
+             + "---|" * len(vs)]
     for algo, r in table.items():
         lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
                      f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |"
                      + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else "")
                      + (f" {cell(r.get('learned_boot'))} |" if boot else "")
-                     + (f" {cell(r.get('vs_grpo_boot'))} |" if vs else ""))
+                     + "".join(f" {cell(r.get(f'vs_{c}_boot'))} |" for c in vs))
     return "\n".join(lines) + "\n"
 
 
@@ -511,9 +512,10 @@ def main(argv: list[str] | None = None) -> dict:
     for algo, after in after_of.items():
         if start_games and after and all(after.values()):
             table[algo]["learned_boot"] = learned_bootstrap(start_games, after)
-        grpo = after_of.get("grpo") or {}
-        if algo != "grpo" and after and grpo and all(after.values()) and all(grpo.values()):
-            table[algo]["vs_grpo_boot"] = paired_bootstrap(after, grpo)
+        for control in ("grpo", "placebo"):
+            other = after_of.get(control) or {}
+            if algo != control and after and other and all(after.values()) and all(other.values()):
+                table[algo][f"vs_{control}_boot"] = paired_bootstrap(after, other)
     curves_png(runs, out / "curves.png")
     extra = {}
     if args.eval_split:
