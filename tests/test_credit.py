@@ -242,6 +242,17 @@ def test_paired_bootstrap_pairs_each_seed_with_the_same_seed():
     assert compare.paired_bootstrap(better, {2: grpo[0]}) is None  # no seed in common
 
 
+def test_held_out_means_are_taken_at_the_iterations_every_seed_evaluated():
+    """A seed evaluated at iteration 6 as well as 2, 4, 8 is not averaged with the others' 8."""
+    often = [(0, 0.25, 0.0), (2, 0.3, 1.0), (4, 0.4, 2.0), (6, 0.2, 3.0), (8, 0.5, 4.0)]
+    rarely = [(0, 0.25, 0.0), (2, 0.3, 1.0), (4, 0.4, 2.0), (8, 0.3, 4.0)]
+    aligned = compare.at_common_iterations([often, rarely])
+    assert [p[0] for p in aligned[0]] == [p[0] for p in aligned[1]] == [0, 2, 4, 8]
+    reach = compare.reach_ratio({"grpo": [often, rarely], "sharpo": [rarely, rarely]})
+    assert reach["grpo_final_held_out"] == pytest.approx(0.4)  # (0.5 + 0.3) / 2 at iteration 8, not 6's 0.2
+    assert reach["sharpo"] == pytest.approx(0.5)  # its mean 0.4 at iteration 4 reaches GRPO's final: 4 / 8
+
+
 def test_gather_reads_the_runs_own_evaluations_into_the_learning_picture(tmp_path):
     """A run's in-loop evaluations (eval_<env>_<split>_iter-N.json) give its held-out curve; the one
     of its last iteration stands for the final evaluation when its limits match --eval-*; the

@@ -228,12 +228,19 @@ def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) 
     return points
 
 
+def at_common_iterations(curves: list[list[tuple]]) -> list[list[tuple]]:
+    """Each run's held-out points (iteration first) at the iterations every run evaluated, so that a
+    mean over seeds is a mean of one iteration (a seed evaluated more often keeps only those)."""
+    common = set.intersection(*[{p[0] for p in c} for c in curves]) if curves else set()
+    return [[p for p in c if p[0] in common] for c in curves]
+
+
 def reach_ratio(curves: dict[str, list[list[tuple]]]) -> dict:
     """For each algorithm: the iteration at which its mean held-out curve (over seeds, linear
     between evaluations) first reaches GRPO's final mean, divided by GRPO's last evaluated iteration."""
     def mean_curve(runs):
-        its = sorted(set.intersection(*[{p[0] for p in r} for r in runs])) if runs else []
-        return [(i, sum(dict((p[0], p[1]) for p in r)[i] for r in runs) / len(runs)) for i in its]
+        aligned = at_common_iterations(runs)
+        return [(p[0], sum(r[i][1] for r in aligned) / len(aligned)) for i, p in enumerate(aligned[0])] if runs else []
 
     if "grpo" not in curves or not curves["grpo"]:
         return {}
@@ -325,7 +332,7 @@ def learning_png(runs: dict[str, dict[int, list[dict]]], curves: dict[str, list[
         series = []  # (row, [(x_iter, x_min, y) per run])
         evals = [r for r in curves.get(algo, []) if r]
         if evals:
-            series.append((0, [[(p[0], p[2], p[1]) for p in r] for r in evals]))
+            series.append((0, [[(p[0], p[2], p[1]) for p in r] for r in at_common_iterations(evals)]))
         rolls = [m for m in runs[algo].values() if m]
         if rolls:
             key = "success_recent" if all("success_recent" in x for m in rolls for x in m) else "success"
