@@ -229,18 +229,18 @@ def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) 
 
 
 def at_common_iterations(curves: list[list[tuple]]) -> list[list[tuple]]:
-    """Each run's held-out points (iteration first) at the iterations every run evaluated, so that a
-    mean over seeds is a mean of one iteration (a seed evaluated more often keeps only those)."""
+    """Each run's held-out points (iteration first) at the iterations every run evaluated, in order of
+    iteration, so that the k-th point of every run is of one iteration and a mean over seeds is a mean
+    of one iteration (a seed evaluated more often keeps only those)."""
     common = set.intersection(*[{p[0] for p in c} for c in curves]) if curves else set()
-    return [[p for p in c if p[0] in common] for c in curves]
+    return [sorted(p for p in c if p[0] in common) for c in curves]
 
 
 def reach_ratio(curves: dict[str, list[list[tuple]]]) -> dict:
     """For each algorithm: the iteration at which its mean held-out curve (over seeds, linear
     between evaluations) first reaches GRPO's final mean, divided by GRPO's last evaluated iteration."""
     def mean_curve(runs):
-        aligned = at_common_iterations(runs)
-        return [(p[0], sum(r[i][1] for r in aligned) / len(aligned)) for i, p in enumerate(aligned[0])] if runs else []
+        return [(points[0][0], sum(p[1] for p in points) / len(points)) for points in zip(*at_common_iterations(runs))]
 
     if "grpo" not in curves or not curves["grpo"]:
         return {}
