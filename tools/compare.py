@@ -216,15 +216,21 @@ def wall_minutes(metrics: list[dict]) -> list[float]:
     return out
 
 
+def in_loop_evaluations(run: Path, split: str = "*") -> dict[int, dict]:
+    """A run's in-loop evaluation records on `split` (eval_<env>_<split>_iter-N.json, eval.py's
+    format), by iteration, in order of iteration."""
+    paths = {int(p.stem.rsplit("-", 1)[1]): p for p in run.glob(f"eval_*_{split}_iter-*.json")}
+    return {it: json.loads(paths[it].read_text()) for it in sorted(paths)}
+
+
 def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) -> list[tuple[int, float, float]]:
     """(iteration, held-out success, wall minutes) of a run: the start policy's at 0, then each
     in-loop evaluation on `split` (eval_<env>_<split>_iter-N.json)."""
     minutes = {m["iteration"]: t for m, t in zip(metrics, wall_minutes(metrics))}
     points = [(0, start, 0.0)] if start is not None else []
-    for path in sorted(run.glob(f"eval_*_{split}_iter-*.json")):
-        it = int(path.stem.rsplit("-", 1)[1])
+    for it, record in in_loop_evaluations(run, split).items():
         if it in minutes:
-            points.append((it, json.loads(path.read_text())["success"], minutes[it]))
+            points.append((it, record["success"], minutes[it]))
     return points
 
 

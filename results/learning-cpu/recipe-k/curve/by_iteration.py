@@ -10,7 +10,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
-from tools.compare import learned_bootstrap, paired_bootstrap, won_by_game  # noqa: E402
+from tools.compare import in_loop_evaluations, learned_bootstrap, paired_bootstrap, won_by_game  # noqa: E402
 
 ALGOS, SEEDS = ("sharpo", "grpo", "gigpo"), (0, 1, 2)
 
@@ -24,8 +24,8 @@ def main() -> None:
     won = {}  # (algo, seed) -> {iteration: {game: won}}
     for algo in ALGOS:
         for seed in SEEDS:
-            won[(algo, seed)] = {int(p.stem.rsplit("-", 1)[1]): won_by_game(json.loads(p.read_text()))
-                                 for p in sorted((HERE / f"{algo}-seed{seed}").glob("eval_*_iter-*.json"))}
+            won[(algo, seed)] = {it: won_by_game(record)
+                                 for it, record in in_loop_evaluations(HERE / f"{algo}-seed{seed}").items()}
     iterations = sorted(set.intersection(*[set(by_it) for by_it in won.values()]))
     out = {"iterations": iterations, "wins": {}, "after_minus_start": {}, "minus_grpo": {}}
     print("| algo | wins of 32 per seed at iterations " + ", ".join(map(str, [0, *iterations]))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
-from tools.compare import won_by_game  # noqa: E402
+from tools.compare import in_loop_evaluations, won_by_game  # noqa: E402
 
 RUNS = [f"{algo}-seed{seed}" for algo in ("sharpo", "grpo", "gigpo") for seed in (0, 1, 2)]
 
@@ -22,8 +22,7 @@ RUNS = [f"{algo}-seed{seed}" for algo in ("sharpo", "grpo", "gigpo") for seed in
 def main() -> None:
     start = won_by_game(json.loads((HERE / "eval_start_valid_seen.json").read_text()))
     sampled = won_by_game(json.loads((HERE.parent / "eval_start_valid_seen_t0.6x4.json").read_text()))
-    evals = {run: {int(p.stem.rsplit("-", 1)[1]): won_by_game(json.loads(p.read_text()))
-                   for p in sorted((HERE / run).glob("eval_*_iter-*.json"))} for run in RUNS}
+    evals = {run: {it: won_by_game(record) for it, record in in_loop_evaluations(HERE / run).items()} for run in RUNS}
     iterations = sorted(set.intersection(*[set(e) for e in evals.values()]))
     games = sorted(start, key=lambda g: (-start[g], -sampled[g], g))
     per_game = {g: {"start_greedy": bool(start[g]), "start_sampled": sampled[g],

@@ -12,14 +12,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[3]))
-from tools.compare import learned_bootstrap, won_by_game  # noqa: E402
+from tools.compare import in_loop_evaluations, learned_bootstrap, won_by_game  # noqa: E402
 
 CURVE = HERE.parents[1] / "recipe-k" / "curve"
 
 
 def evaluations(folder: Path) -> dict[int, dict]:
-    return {int(p.stem.rsplit("-", 1)[1]): won_by_game(json.loads(p.read_text()))
-            for p in sorted(folder.glob("eval_*_iter-*.json"))}
+    """{iteration: {game: won}} of a run's in-loop evaluations."""
+    return {it: won_by_game(record) for it, record in in_loop_evaluations(folder).items()}
 
 
 def fmt(boot: list[float]) -> str:
@@ -28,12 +28,13 @@ def fmt(boot: list[float]) -> str:
 
 def main() -> None:
     start = won_by_game(json.loads((HERE.parents[1] / "eval_start_valid_seen.json").read_text()))
-    out = {"runs": {}, "preset_temperature_at_4": {}}
+    out, evals_of = {"runs": {}, "preset_temperature_at_4": {}}, {}
     print("| run | temperature | seed | rollout success per iteration | groups with a win and a loss | greedy wins at 2, 4 "
           "| after - start at 4 (95% over games) |\n|---|---|---|---|---|---|---|")
     for folder in sorted(p for p in HERE.iterdir() if p.is_dir()):
         metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        config, evals = json.loads((folder / "config.json").read_text()), evaluations(folder)
+        config = json.loads((folder / "config.json").read_text())
+        evals = evals_of[folder.name] = evaluations(folder)
         row = {"algo": config["algo"], "temperature": config["temperature"], "seed": config["seed"],
                "success": [round(m["success"], 3) for m in metrics],
                "win_groups": [round(m["groups_with_win_spread"] * config["groups"]) for m in metrics],
@@ -45,7 +46,7 @@ def main() -> None:
               f"| {fmt(row['gain_at_4'])} |")
     for algo in ("sharpo", "grpo"):
         at4 = {seed: evaluations(CURVE / f"{algo}-seed{seed}")[4] for seed in (0, 1, 2)}
-        at4.update({r["seed"]: evaluations(HERE / name)[4] for name, r in out["runs"].items()
+        at4.update({r["seed"]: evals_of[name][4] for name, r in out["runs"].items()
                     if r["algo"] == algo and r["temperature"] == 0.6})
         wins = {seed: int(sum(w.values())) for seed, w in sorted(at4.items())}
         fresh = {s: w for s, w in at4.items() if s > 2}
