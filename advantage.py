@@ -1,23 +1,22 @@
 """Advantage: GRPO group advantage times SHARPO's bounded segment multiplier, and the policy loss.
 
-Equations (METHOD.md; the numbers are its sections):
-  (1) A_i    = (R_i - mean_{j in group} R_j) / (std_{j in group} R_j + eps_adv)     std unbiased
-  (3) delta_t = logp_teacher_t - logp_student_t                                      detached
-      g_{i,k} = mean_{t in a_k} delta_t                                              segment gap
-  (4) m_{i,k} = clip(exp(sign(A_i) * g_{i,k}), 1 - eps_m, 1 + eps_m)                 multiplier
-      Ahat_{i,t} = A_i * ((1 - lam) + lam * m_{i,k(t)})                              token advantage
-  (5) L = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) )  r = exp(logp_new - logp_student)
-        + kl_coef * token_mean(k3(logp_ref, logp_new))
-        + sdar_coef * token_mean_{hindsight rows}( sg(sigmoid(beta * delta)) * (sg(logp_teacher) - logp_new) )
-Baselines, one argument apart: GRPO = lam 0; RLSD = the multiplier per token
-(granularity="token"); StepOPSD = 2 * sigmoid(.) in place of exp(.) (shape="sigmoid");
-SDAR = GRPO advantage plus the gated term of policy_loss. GiGPO, without a teacher:
-      R_t = sum_{k >= t} gamma^(k - t) r_k                   discounted return of step t
-      A_step = GRPO's formula over each step group (same episode group, same anchor state)
-      Ahat_{i,t} = A_i + omega * A_step(i, k(t))
+Equations (METHOD.md; each line that implements one carries its tag):
+  (Eq. 1) A_i    = (R_i - mean_{j in group} R_j) / (std_{j in group} R_j + eps_adv)   std unbiased
+  (Eq. 2) delta_t = logp_teacher_t - logp_student_t                                   detached
+  (Eq. 3) g_i,k  = mean_{t in a_k} delta_t                                            segment gap
+  (Eq. 4) m_i,k  = clip(exp(sign(A_i) * g_i,k), 1 - eps_m, 1 + eps_m)                 multiplier
+  (Eq. 5) Ahat_i,t = A_i * ((1 - lam) + lam * m_i,k(t))                                token advantage
+  (Eq. 6) L_pg   = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) ),  r = exp(logp_new - logp_student)
+  (Eq. 7) L_kl   = token_mean( k3(logp_ref, logp_new) )
+Baselines, one argument apart (METHOD.md section 6): GRPO = lam 0; RLSD = the multiplier per token
+(Eq. 8); StepOPSD = 2 * sigmoid(.) in place of exp(.) (Eq. 9); SDAR = GRPO's advantage plus a
+gated term in the loss (Eq. 10); GiGPO, without a teacher, compares discounted step returns
+within step groups (Eq. 11-13).
 
-Shapes: N trajectories, B training rows (one per step; row b carries its trajectory's A),
-T response-token positions, S segments per row.
+Shapes: N trajectories; B training rows, one per environment step, so one segment a row (its
+response); T response-token positions. `response_mask` (B, T) bool is True on a row's response
+tokens (the segment), False on padding. Rows holding several segments (verl's per-trajectory
+layout) are verl_bridge/'s concern; it calls these same functions per segment.
 
 Deviations from the paper: the paper's text is not available (abstract only). The forms
 above follow METHOD.md, which builds them from RLSD / StepOPSD / SDAR / OPSD. A one-member
@@ -30,18 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from segments import segment_means
 
-
-# ----------------------------------------------------------------------------- (1) GRPO
+# ----------------------------------------------------------------------------- GRPO (METHOD.md section 1)
 def grpo_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6, norm_by_std: bool = True
 ) -> torch.Tensor:
-    """Group-relative advantage A_i of each trajectory (METHOD.md section 1).
+    """Group-relative advantage A_i of each trajectory (Eq. 1). Exercise 1.
 
     rewards (N,) float, group_ids (N,) long (any labels). Returns (N,) in rewards' dtype.
-    norm_by_std=False gives R_i - mean (Dr. GRPO style). One-member groups and groups with
-    all-equal rewards give exactly 0.
+    norm_by_std=False gives R_i - mean (Dr. GRPO, GiGPO's `mean` norm). One-member groups and
+    groups with all-equal rewards give exactly 0.
     """
     r = rewards.double()  # (N,) float64: the group statistics are exact enough to test by hand
     _, g = torch.unique(group_ids, return_inverse=True)  # (N,) group index 0..num_groups-1
@@ -49,10 +46,9 @@ def grpo_advantages(
     zeros = torch.zeros(num_groups, dtype=r.dtype, device=r.device)
     count = zeros.index_add(0, g, torch.ones_like(r))  # (num_groups,)
     mean = zeros.index_add(0, g, r) / count  # (num_groups,)
-    centered = r - mean[g]  # (N,) R_i - mean
+    centered = r - mean[g]  # (N,) R_i - mean                                          (Eq. 1)
     var = zeros.index_add(0, g, centered**2) / (count - 1).clamp(min=1)  # (num_groups,) unbiased
-    std = var.sqrt()  # (num_groups,)
-    adv = centered / (std[g] + eps) if norm_by_std else centered  # (N,)
+    adv = centered / (var.sqrt()[g] + eps) if norm_by_std else centered  # (N,)       (Eq. 1)
     hi = zeros.scatter_reduce(0, g, r, "amax", include_self=False)  # (num_groups,)
     lo = zeros.scatter_reduce(0, g, r, "amin", include_self=False)  # (num_groups,)
     has_spread = (count[g] > 1) & (hi[g] > lo[g])  # (N,) False: no baseline or nothing to compare
@@ -72,16 +68,24 @@ def shuffled_within_groups(rewards: torch.Tensor, group_ids: torch.Tensor, gener
     return out
 
 
-# ----------------------------------------------------------------------------- (3)-(4) SHARPO
-def _check_mixing(lam: float, mult_eps: float) -> None:
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1] (0 = plain GRPO, 1 = multiplier only); got {lam}")
-    if not 0.0 < mult_eps < 1.0:
-        raise ValueError(f"mult_eps (the multiplier bound eps_m, --mult-eps) must be in (0, 1); got {mult_eps}")
+# ----------------------------------------------------------------------------- SHARPO (METHOD.md sections 3-4)
+def segment_gap(logp_teacher: torch.Tensor, logp_student: torch.Tensor, response_mask: torch.Tensor,
+                gap_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The segment gap g of each row: the mean teacher-student log-prob gap over its response (Eq. 2-3). Exercise 2.
+
+    logp_teacher, logp_student (B, T): log-probs of the sampled tokens; response_mask (B, T) bool:
+    True on the row's response tokens. gap_mask (B, T) bool, optional: only those tokens enter the
+    mean (StepOPSD's action-only filter, --gap-tokens action). A row with no counted token gives 0.
+    No gradient reaches the teacher or the student through the gap. Returns (B,).
+    """
+    counted = response_mask if gap_mask is None else response_mask & gap_mask  # (B, T)
+    delta = (logp_teacher - logp_student).detach()  # (B, T) delta_t                    (Eq. 2)
+    total = torch.where(counted, delta, torch.zeros_like(delta)).sum(1)  # (B,)
+    return total / counted.sum(1).clamp(min=1)  # (B,) g                                 (Eq. 3)
 
 
-def _bounded_multiplier(z: torch.Tensor, mult_eps: float, shape: str) -> torch.Tensor:
-    """m = clip(f(z), 1 - eps_m, 1 + eps_m) with f = exp (SHARPO, RLSD) or 2*sigmoid (StepOPSD)."""
+def bounded(z: torch.Tensor, mult_eps: float, shape: str = "exp") -> torch.Tensor:
+    """clip(f(z), 1 - eps_m, 1 + eps_m), f = exp (SHARPO, RLSD; Eq. 4, 8) or 2 * sigmoid (StepOPSD; Eq. 9)."""
     if shape == "exp":
         m = torch.exp(z)
     elif shape == "sigmoid":
@@ -91,104 +95,65 @@ def _bounded_multiplier(z: torch.Tensor, mult_eps: float, shape: str) -> torch.T
     return m.clamp(1.0 - mult_eps, 1.0 + mult_eps)
 
 
-def segment_multipliers(
-    adv: torch.Tensor,
-    logp_teacher: torch.Tensor,
-    logp_student: torch.Tensor,
-    segment_ids: torch.Tensor,
-    mult_eps: float = 0.2,
-    shape: str = "exp",
-    gap_mask: torch.Tensor | None = None,
-    num_segments: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-segment gap g_{i,k} and bounded multiplier m_{i,k} (METHOD.md sections 3-4).
+def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, mult_eps: float = 0.2, shape: str = "exp") -> torch.Tensor:
+    """m = clip(exp(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment (Eq. 4; shape="sigmoid": Eq. 9).
 
-    adv (B,), logp_teacher / logp_student / segment_ids (B, T). gap_mask (B, T) bool, optional:
-    True = the token counts towards the gap (e.g. only tokens inside <action>...</action>);
-    default: every segment token. Returns gaps (B, S) and multipliers (B, S).
+    adv and gaps of the same shape ((B,) here; (B, S) in the verl bridge). Returns that shape."""
+    return bounded(torch.sign(adv) * gaps, mult_eps, shape)  # m                           (Eq. 4)
+
+
+def check_mixing(lam: float, mult_eps: float) -> None:
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1] (0 = plain GRPO, 1 = multiplier only); got {lam}")
+    if not 0.0 < mult_eps < 1.0:
+        raise ValueError(f"mult_eps (the multiplier bound eps_m, --mult-eps) must be in (0, 1); got {mult_eps}")
+
+
+def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor, lam: float) -> torch.Tensor:
+    """Ahat = A * ((1 - lam) + lam * m) on response tokens, 0 elsewhere (Eq. 5).
+
+    adv (B,), token_mult (B, T): the multiplier each token gets, response_mask (B, T). Returns (B, T)."""
+    token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat            (Eq. 5)
+    return torch.where(response_mask, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 off the segment
+
+
+def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float = 0.5,
+                     mult_eps: float = 0.2, shape: str = "exp") -> torch.Tensor:
+    """SHARPO's token advantage: every token of a row's segment gets A_i * ((1 - lam) + lam * m_i) (Eq. 4-5). Exercise 3.
+
+    adv (B,) each row's trajectory advantage A_i; gaps (B,) each row's segment gap g_i;
+    response_mask (B, T) bool. mult_eps is the multiplier bound eps_m, not PPO's clip; shape
+    "sigmoid" is StepOPSD's 2 * sigmoid. Returns (B, T), 0 off the segment. lam = 0 is GRPO.
     """
-    S = int(segment_ids.max().item()) + 1 if num_segments is None else num_segments
-    delta = (logp_teacher - logp_student).detach()  # (B, T) delta_t, the teacher is never differentiated
-    gap_ids = segment_ids if gap_mask is None else torch.where(gap_mask, segment_ids, -1)  # (B, T)
-    gaps = segment_means(delta, gap_ids, num_segments=S)  # (B, S) g_{i,k}
-    z = torch.sign(adv)[:, None] * gaps  # (B, S) sign(A_i) * g_{i,k}
-    return gaps, _bounded_multiplier(z, mult_eps, shape)  # (B, S), (B, S) m_{i,k}
+    check_mixing(lam, mult_eps)
+    m = segment_multipliers(adv, gaps, mult_eps, shape)  # (B,) one multiplier a segment     (Eq. 4)
+    return mix(adv, m[:, None].expand_as(response_mask), response_mask, lam)  # (B, T)     (Eq. 5)
 
 
-def spread(per_segment: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
-    """Each token gets its segment's value: per_segment (B, S), segment_ids (B, T) -> (B, T)
-    (tokens outside segments get segment 0's value; callers mask them)."""
-    return per_segment.gather(1, segment_ids.clamp(min=0))  # (B, T)
+def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
+                     mult_eps: float = 0.2) -> torch.Tensor:
+    """RLSD's multiplier, one per token: m_t = clip(exp(sign(A_i) * delta_t), 1 - eps_m, 1 + eps_m) (Eq. 8). (B, T)."""
+    delta = (logp_teacher - logp_student).detach()  # (B, T)                              (Eq. 2)
+    return bounded(torch.sign(adv)[:, None] * delta, mult_eps)  # (B, T)                   (Eq. 8)
 
 
-def token_multipliers(
-    adv: torch.Tensor,
-    logp_teacher: torch.Tensor,
-    logp_student: torch.Tensor,
-    segment_ids: torch.Tensor,
-    mult_eps: float = 0.2,
-    granularity: str = "segment",
-    shape: str = "exp",
-    gap_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The multiplier each token's advantage is scaled by (before the lam mixing): (B, T).
-
-    granularity="segment" (SHARPO, StepOPSD): m_{i,k(t)}, shared by every token of a segment;
-    "token" (RLSD): m_{i,t} = clip(f(sign(A_i) * delta_t)). 1 outside segments.
-    """
-    in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
-    if granularity == "segment":
-        _, mult = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, shape, gap_mask)
-        token_mult = spread(mult, segment_ids)  # (B, T) m_{i,k(t)}: each token gets its segment's
-    elif granularity == "token":
-        delta = (logp_teacher - logp_student).detach()  # (B, T)
-        token_mult = _bounded_multiplier(torch.sign(adv)[:, None] * delta, mult_eps, shape)  # (B, T) m_{i,t}
-    else:
-        raise ValueError(f"granularity must be 'segment' or 'token'; got {granularity!r}")
-    return torch.where(in_segment, token_mult, torch.ones_like(token_mult))  # (B, T)
-
-
-def sharpo_token_advantages(
-    adv: torch.Tensor,
-    logp_teacher: torch.Tensor,
-    logp_student: torch.Tensor,
-    segment_ids: torch.Tensor,
-    lam: float = 0.5,
-    mult_eps: float = 0.2,
-    granularity: str = "segment",
-    shape: str = "exp",
-    gap_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Token advantage Ahat_{i,t} = A_i * ((1 - lam) + lam * m) (METHOD.md section 4).
-
-    adv (B,) each row's trajectory advantage A_i; logp_teacher, logp_student, segment_ids
-    (B, T) over response tokens (segment id -1 = not a trained token). mult_eps is the
-    multiplier bound eps_m, not PPO's clip. granularity="segment" (SHARPO, StepOPSD) shares
-    m over a segment; "token" (RLSD) uses m_t = clip(exp(sign(A) * delta_t)). shape="sigmoid"
-    gives StepOPSD's 2 * sigmoid form. Returns (B, T), 0 outside segments.
-    """
-    _check_mixing(lam, mult_eps)
-    token_mult = token_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, granularity, shape, gap_mask)
-    return mix(adv, token_mult, segment_ids, lam)  # (B, T)
-
-
-def mix(adv: torch.Tensor, token_mult: torch.Tensor, segment_ids: torch.Tensor, lam: float) -> torch.Tensor:
-    """Ahat = A_i * ((1 - lam) + lam * m) on segment tokens, 0 elsewhere: adv (B,), token_mult (B, T)."""
-    in_segment = segment_ids >= 0  # (B, T) True = a token the policy generated and is trained on
-    token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat
-    return torch.where(in_segment, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 outside segments
+def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
+                          response_mask: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2) -> torch.Tensor:
+    """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8. (B, T), 0 off the segment."""
+    check_mixing(lam, mult_eps)
+    return mix(adv, rlsd_multipliers(adv, logp_teacher, logp_student, mult_eps), response_mask, lam)  # (Eq. 5)
 
 
 # ----------------------------------------------------------------------------- GiGPO (METHOD.md section 6)
 def discounted_returns(rewards: torch.Tensor, traj_ids: torch.Tensor, gamma: float) -> torch.Tensor:
-    """R_t = sum_{k >= t} gamma^(k - t) r_k within each trajectory.
+    """R_t = sum_{k >= t} gamma^(k - t) r_k within each trajectory (Eq. 11).
 
     rewards (B,) step rewards, traj_ids (B,) the trajectory of each row; rows of one trajectory
     are contiguous and in step order. Returns (B,) in rewards' dtype.
     """
     out = torch.zeros_like(rewards)  # (B,)
     running = 0.0
-    for b in range(len(rewards) - 1, -1, -1):  # backwards: R_t = r_t + gamma * R_{t+1}
+    for b in range(len(rewards) - 1, -1, -1):  # backwards: R_t = r_t + gamma * R_{t+1}       (Eq. 11)
         if b == len(rewards) - 1 or traj_ids[b] != traj_ids[b + 1]:
             running = 0.0  # the last step of a trajectory
         running = float(rewards[b]) + gamma * running
@@ -205,33 +170,31 @@ def anchor_groups(group_ids: list[int], anchors: list[str]) -> torch.Tensor:
 
 def gigpo_step_advantages(step_rewards: torch.Tensor, traj_ids: torch.Tensor, group_ids: list[int], anchors: list[str],
                           gamma: float, norm_by_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """GiGPO's step advantage of every row: discounted returns compared within step groups.
+    """GiGPO's step advantage of every row: discounted returns compared within step groups (Eq. 11-12). Exercise 6.
 
     step_rewards (B,), traj_ids (B,) (rows of a trajectory contiguous, in step order), group_ids
     and anchors one per row. Returns (step advantages (B,) float32, step-group ids (B,) long).
     """
-    returns = discounted_returns(step_rewards.double(), traj_ids, gamma)  # (B,) R_t
+    returns = discounted_returns(step_rewards.double(), traj_ids, gamma)  # (B,) R_t             (Eq. 11)
     step_groups = anchor_groups(group_ids, anchors)  # (B,)
-    return grpo_advantages(returns, step_groups, norm_by_std=norm_by_std).float(), step_groups  # (B,), (B,)
+    return grpo_advantages(returns, step_groups, norm_by_std=norm_by_std).float(), step_groups  # (Eq. 12)
 
 
-def gigpo_token_advantages(
-    adv: torch.Tensor, step_adv: torch.Tensor, segment_ids: torch.Tensor, omega: float = 1.0
-) -> torch.Tensor:
-    """GiGPO's token advantage A_i + omega * A_step(i, k), constant over segment k, 0 outside.
+def gigpo_token_advantages(adv: torch.Tensor, step_adv: torch.Tensor, response_mask: torch.Tensor,
+                           omega: float = 1.0) -> torch.Tensor:
+    """GiGPO's token advantage A_i + omega * A_step of each row, constant over its segment, 0 elsewhere (Eq. 13).
 
-    adv (B,) the episode advantage of each row's trajectory; step_adv (B,) the step-group
-    advantage of each row (its segment); segment_ids (B, T). Returns (B, T).
+    adv (B,) the episode advantage of each row's trajectory; step_adv (B,) each row's step advantage;
+    response_mask (B, T). Returns (B, T).
     """
-    row_adv = adv + omega * step_adv  # (B,)
-    in_segment = segment_ids >= 0  # (B, T)
-    return torch.where(in_segment, row_adv[:, None].expand_as(segment_ids).to(adv.dtype), torch.zeros((), dtype=adv.dtype))
+    row_adv = adv + omega * step_adv  # (B,)                                                  (Eq. 13)
+    return torch.where(response_mask, row_adv[:, None].to(adv.dtype), torch.zeros((), dtype=adv.dtype))  # (B, T)
 
 
 # ----------------------------------------------------------------------------- the algorithms, one table
 @dataclass(frozen=True)
 class Algorithm:
-    """How one --algo uses the functions above (METHOD.md sections 4-6 and "Baselines")."""
+    """How one --algo uses the functions above (METHOD.md sections 4 and 6)."""
 
     granularity: str  # "segment": one multiplier per segment; "token": one per token (RLSD)
     shape: str  # f in m = clip(f(sign(A) * g)): "exp" (SHARPO, RLSD) or "sigmoid" (StepOPSD: 2 * sigmoid)
@@ -261,44 +224,30 @@ def moving_rows(algo: str, adv: torch.Tensor, step_adv: torch.Tensor | None = No
     return adv != 0
 
 
-@dataclass
-class Credit:
-    """What credit_assignment gives, for B rows of one segment each."""
+# ----------------------------------------------------------------------------- the loss (METHOD.md section 5)
+def ppo_clip_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
+                  num_tokens: int | float, ppo_clip: float = 0.2) -> torch.Tensor:
+    """PPO-clip on token advantages, token-mean over the whole minibatch (Eq. 6). Exercise 4.
 
-    token_adv: torch.Tensor  # (B, T) Ahat, 0 outside segments
-    gaps: torch.Tensor  # (B,) the segment gap g of each row
-    mults: torch.Tensor  # (B,) the segment multiplier m of each row (the one --algo's shape gives)
-    token_mults: torch.Tensor  # (B, T) the multiplier each token's advantage gets (RLSD: its own; 1 off segments)
-
-
-def credit_assignment(algo: str, adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                      segment_ids: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2,
-                      gap_mask: torch.Tensor | None = None, step_adv: torch.Tensor | None = None,
-                      omega: float = 1.0) -> Credit:
-    """The token advantage of --algo, with each segment's gap and multiplier, computed once.
-
-    adv (B,) A_i of each row's trajectory; logp_teacher, logp_student, segment_ids (B, T), one
-    segment a row (ids 0 or -1); gap_mask (B, T) optional; step_adv (B,) GiGPO's A_step.
-    (4) for the teacher algorithms, lam = 0 for grpo and sdar (GRPO's advantage), section 6 for gigpo.
+    logp_new (b, T): the policy being trained (the gradient flows here); logp_old (b, T): the same
+    tokens before the update (PPO's "old" log-probs: logp_student); token_adv (b, T): Ahat;
+    mask (b, T) bool: True = a trained token. These b rows are one micro-batch; num_tokens counts
+    the trained tokens of the *whole* minibatch, so the micro-batches' losses (and gradients) add
+    up to exactly the minibatch's token mean: every generated token weighs the same, whatever the
+    length of its response (verl-agent's aggregation). Returns a scalar.
     """
-    spec = ALGORITHMS[algo]
-    lam = lam if spec.mixes else 0.0
-    _check_mixing(lam, mult_eps)
-    gaps, mults = segment_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, spec.shape,
-                                      gap_mask, num_segments=1)  # (B, 1), (B, 1)
-    in_segment = segment_ids >= 0  # (B, T)
-    if spec.granularity == "token":
-        token_mults = token_multipliers(adv, logp_teacher, logp_student, segment_ids, mult_eps, "token", spec.shape)
-    else:
-        token_mults = torch.where(in_segment, spread(mults, segment_ids), torch.ones_like(logp_student))  # (B, T)
-    if spec.step_groups:
-        token_adv = gigpo_token_advantages(adv, step_adv, segment_ids, omega)  # (B, T)
-    else:
-        token_adv = mix(adv, token_mults, segment_ids, lam)  # (B, T)
-    return Credit(token_adv, gaps[:, 0], mults[:, 0], token_mults)
+    ratio = torch.exp(logp_new - logp_old.detach())  # (b, T) r_t                            (Eq. 6)
+    clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (b, T)
+    pg = torch.maximum(-token_adv * ratio, -token_adv * clipped)  # (b, T) PPO-clip, per token (Eq. 6)
+    return (pg * mask).sum() / max(float(num_tokens), 1.0)  # sum over trained tokens / the minibatch's count
 
 
-# ----------------------------------------------------------------------------- (5) loss
+def k3(logp_ref: torch.Tensor, logp_new: torch.Tensor) -> torch.Tensor:
+    """The low-variance k3 estimate of KL(new || ref) per token, exp(d) - d - 1 >= 0 with d = ref - new (Eq. 7)."""
+    d = logp_ref.detach() - logp_new  # (b, T)
+    return torch.exp(d) - d - 1.0  # (b, T)                                                  (Eq. 7)
+
+
 def policy_loss(
     logp_new: torch.Tensor,
     logp_student: torch.Tensor,
@@ -315,57 +264,40 @@ def policy_loss(
     sdar_beta: float = 5.0,
     num_kl_tokens: int | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip with token advantages, optional k3 KL and SDAR term (METHOD.md section 5).
+    """The loss train.py minimises: ppo_clip_loss (Eq. 6) + kl_coef * k3 KL (Eq. 7) + sdar_coef * SDAR's term (Eq. 10).
 
-    All tensors (B, T) over response tokens. logp_student: the policy's own log-probs of the
-    sampled tokens before this update (PPO's "old" log-probs; the same tensor the gap uses).
-    loss_mask (B, T) bool: True = a trained token.
-    Aggregation is token-mean over the whole minibatch: each term is a sum over this
-    micro-batch's trained tokens divided by `num_tokens`, the count of trained tokens in the
-    whole minibatch. Passing that count makes gradient accumulation over micro-batches give
-    exactly the minibatch's token mean (default: this call's own count). Token-mean weighs
-    every generated token equally, whatever the length of its response (as verl-agent does).
-    The SDAR term covers sdar_mask (trained tokens of rows that have hindsight) and is divided
-    by their own minibatch count, num_sdar_tokens. The statistic approx_kl_old is the mean of
-    the k3 estimate of KL(old, new) over the trained tokens: its sum over loss_mask divided by
-    num_kl_tokens, the count of trained tokens in the whole minibatch (default: this call's own
-    count; num_tokens may count more, e.g. tokens of rows left out of the loss). Returns (loss,
-    detached stats).
+    All tensors (b, T) over response tokens; loss_mask (b, T) bool: True = a trained token.
+    Aggregation is token-mean over the whole minibatch for every term: num_tokens is the count
+    of trained tokens in the minibatch (default: this call's own); the SDAR term covers
+    sdar_mask (trained tokens of rows with hindsight), divided by their own minibatch count
+    num_sdar_tokens. The statistic approx_kl_old is the mean k3 estimate of KL(old, new) over the
+    trained tokens (num_kl_tokens: their minibatch count; num_tokens may count more, e.g. the
+    tokens of rows left out because their Ahat is 0). Returns (loss, detached stats).
     """
-    mask = loss_mask.to(logp_new.dtype)  # (B, T) 1.0 = trained token
-    n = mask.sum() if num_tokens is None else num_tokens  # the denominator: trained tokens in the minibatch
-    n = max(float(n), 1.0)
-    n_kl = max(float(mask.sum() if num_kl_tokens is None else num_kl_tokens), 1.0)  # approx_kl_old's denominator
-
-    log_ratio = logp_new - logp_student.detach()  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T) r_t
-    clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (B, T)
-    pg = torch.maximum(-token_adv * ratio, -token_adv * clipped)  # (B, T) PPO-clip, per token
-    pg_loss = (pg * mask).sum() / n  # token-mean
+    mask = loss_mask.to(logp_new.dtype)  # (b, T) 1.0 = trained token
+    n = max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)  # the token-mean denominator
+    n_kl = max(float(mask.sum() if num_kl_tokens is None else num_kl_tokens), 1.0)  # approx_kl_old's
+    pg_loss = ppo_clip_loss(logp_new, logp_student, token_adv, loss_mask, n, ppo_clip)  # (Eq. 6)
     loss = pg_loss
-
-    stats = {
-        "pg_loss": pg_loss.detach(),
-        "clip_frac": ((pg > -token_adv * ratio).to(mask.dtype) * mask).sum().detach() / n,
-        "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum().detach() / n_kl,  # k3(old, new), mean over trained tokens
-    }
+    with torch.no_grad():
+        log_ratio = logp_new - logp_student  # (b, T)
+        ratio = torch.exp(log_ratio)  # (b, T)
+        clipped = (-token_adv * ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)) > (-token_adv * ratio)  # (b, T)
+        stats = {"pg_loss": pg_loss.detach(), "clip_frac": (clipped.to(mask.dtype) * mask).sum() / n,
+                 "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum() / n_kl}  # k3(old, new)
     if kl_coef > 0:
         if logp_ref is None:
             raise ValueError("policy_loss: kl_coef > 0 needs logp_ref (the reference model's log-probs)")
-        d = logp_ref.detach() - logp_new  # (B, T)
-        kl = torch.exp(d) - d - 1.0  # (B, T) k3 estimator of KL(new || ref), >= 0
-        kl_loss = (kl * mask).sum() / n
+        kl_loss = (k3(logp_ref, logp_new) * mask).sum() / n  # token-mean                        (Eq. 7)
         loss = loss + kl_coef * kl_loss
         stats["kl_ref"] = kl_loss.detach()
     if sdar_coef > 0:
         if logp_teacher is None or sdar_mask is None:
             raise ValueError("policy_loss: sdar_coef > 0 needs logp_teacher and sdar_mask")
-        smask = (sdar_mask & loss_mask).to(logp_new.dtype)  # (B, T) trained tokens of hindsight rows
+        smask = (sdar_mask & loss_mask).to(logp_new.dtype)  # (b, T) trained tokens of hindsight rows
         ns = max(float(smask.sum() if num_sdar_tokens is None else num_sdar_tokens), 1.0)
-        delta = (logp_teacher - logp_student).detach()  # (B, T) teacher - student, detached
-        gate = torch.sigmoid(sdar_beta * delta)  # (B, T) sg(sigmoid(beta * delta))
-        sdar = gate * (logp_teacher.detach() - logp_new)  # (B, T) gradient only through logp_new
-        sdar_loss = (sdar * smask).sum() / ns
+        gate = torch.sigmoid(sdar_beta * (logp_teacher - logp_student).detach())  # (b, T) sg(sigmoid(beta * delta))
+        sdar_loss = (gate * (logp_teacher.detach() - logp_new) * smask).sum() / ns  # grad through logp_new (Eq. 10)
         loss = loss + sdar_coef * sdar_loss
         stats["sdar_loss"] = sdar_loss.detach()
     stats["loss"] = loss.detach()

@@ -40,8 +40,10 @@ import torch
 
 from envs import history_length, make_env, resolve_workers
 from infra.checkpoint import find_checkpoint, load_checkpoint_policy, read_config, run_dir_of
+from infra.metrics import summarize  # the metrics the docstring above defines
 from infra.cli import UserError, check_domains, parse_dataclass, run
-from rollout import ModelPolicy, load_policy, play_episodes
+from infra.models import load_policy
+from rollout import ModelPolicy, play_episodes
 
 
 @dataclass
@@ -122,27 +124,6 @@ def pick_games(env, split: str, num_games: int) -> list[str]:
                 picked.append(q[k])
         k += 1
     return picked
-
-
-def summarize(trajs) -> dict:
-    """The metrics the module docstring defines, from finished trajectories."""
-    steps = sum(len(t.steps) for t in trajs)
-    invalid = sum(s.action is None for t in trajs for s in t.steps)
-    by_type: dict[str, list[bool]] = defaultdict(list)
-    for t in trajs:
-        by_type[t.task_type].append(t.won)
-    out = {
-        "episodes": len(trajs),
-        "success": sum(t.won for t in trajs) / max(len(trajs), 1),
-        "mean_reward": sum(t.reward for t in trajs) / max(len(trajs), 1),
-        "mean_steps": steps / max(len(trajs), 1),
-        "invalid_rate": invalid / max(steps, 1),
-    }
-    if any("score" in t.info for t in trajs):
-        out["mean_score"] = sum(t.info.get("score", 0.0) for t in trajs) / len(trajs)
-    out.update({f"success/{k}": sum(v) / len(v) for k, v in sorted(by_type.items())})
-    out.update({f"episodes/{k}": len(v) for k, v in sorted(by_type.items())})
-    return out
 
 
 def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_size: int, desc: str = "eval") -> tuple[dict, list]:

@@ -5,7 +5,7 @@ messages) and sampled a response a_k. Segment k is the tokens of a_k, every samp
 the end-of-turn token included. One training row per step:
 
     row_k = [ ids(c_k) as tokenized for generation | a_k as sampled ]
-              prompt, segment id -1 (never trained)   segment id 0 (trained)
+              the prompt (never trained on)            the segment (response_mask True)
 
 The hindsight teacher's row is the student's context, then the hindsight block as one more
 user turn, then the assistant header and the same response:
@@ -16,10 +16,11 @@ so the teacher reads only what the student did not, and rollout.py scores both r
 pass over ids(c_k) (`shared_prefix_len`). Log-probs are kept over response tokens only, so the
 teacher row and the student row align token for token although their prompts differ.
 
-`segment_means` averages a per-token quantity over each segment: g_{i,k} = mean_{t in a_k} x_t.
+`make_rows` cuts a batch of trajectories into these rows (train.py's stage 2): `Rows`, with the
+`response_mask` (B, T) that marks each row's segment over its response positions.
 
-Shapes: B training rows (one per step), T response-token positions, S segments per row.
-This file also holds the small typed containers (`Step`, `Trajectory`, `Row`) that flow
+Shapes: B training rows (one per step), T response-token positions.
+This file also holds the small typed containers (`Step`, `Trajectory`, `Row`, `Rows`) that flow
 from rollout.py to train.py.
 """
 from __future__ import annotations
@@ -74,11 +75,10 @@ class Trajectory:
 
 @dataclass
 class Row:
-    """One training row: prompt ids then response ids, and each token's segment id."""
+    """One training row: prompt ids, then the response ids (the row's one segment)."""
 
     input_ids: list[int]  # prompt ids + response ids
-    segment_ids: list[int]  # -1 for prompt tokens, 0 for the response (this row's one segment)
-    num_prompt: int  # where the response starts in input_ids
+    num_prompt: int  # where the response starts in input_ids: ids before it are never trained on
 
     @property
     def response_ids(self) -> list[int]:
@@ -97,11 +97,7 @@ def build_row(tokenizer, messages: list[dict], response_ids: list[int]) -> Row:
     """The student's row: the generation prompt of `messages`, then `response_ids` unchanged."""
     prompt = generation_prompt_ids(tokenizer, messages)
     response = list(response_ids)
-    return Row(
-        input_ids=prompt + response,
-        segment_ids=[-1] * len(prompt) + [0] * len(response),  # only the response is a segment
-        num_prompt=len(prompt),
-    )
+    return Row(input_ids=prompt + response, num_prompt=len(prompt))  # only the response is a segment
 
 
 def add_hindsight(messages: list[dict], hindsight: str) -> list[dict]:
@@ -173,12 +169,61 @@ def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
     return [ends[k] > start and (ends[k - 1] if k else 0) < stop for k in range(len(pieces))]
 
 
-def action_masks(tokenizer, rows: list[Row], T: int) -> torch.Tensor:
-    """(B, T) bool over response positions: True = a token inside <action>...</action> (action_token_mask)."""
+def action_masks(tokenizer, rows: list[Row], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask (B, T) bool: True = a token inside <action>...</action> (action_token_mask), fallback (B,) bool).
+
+    A response without an <action> block (mostly an invalid answer) has no action tokens: its mask
+    falls back to the whole response, and `fallback` marks it (runs log the share, `gap_action_fallback`),
+    so that such a segment still gets a gap rather than a silent multiplier of 1."""
     mask = torch.zeros(len(rows), T, dtype=torch.bool)  # (B, T)
+    fallback = torch.zeros(len(rows), dtype=torch.bool)  # (B,)
     for b, r in enumerate(rows):
-        mask[b, : len(r.response_ids)] = torch.tensor(action_token_mask(tokenizer, r.response_ids), dtype=torch.bool)
-    return mask
+        n = len(r.response_ids)
+        found = torch.tensor(action_token_mask(tokenizer, r.response_ids), dtype=torch.bool)  # (n,)
+        fallback[b] = n > 0 and not bool(found.any())
+        mask[b, :n] = torch.ones(n, dtype=torch.bool) if fallback[b] else found
+    return mask, fallback
+
+
+def response_masks(lengths: torch.Tensor, T: int | None = None) -> torch.Tensor:
+    """(B, T) bool over response positions: True on a row's `lengths[b]` response tokens, False on padding."""
+    T = int(lengths.max()) if T is None else T
+    return torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+
+
+@dataclass
+class Rows:
+    """Stage 2 of train.py: a batch of trajectories cut into one training row per step (B rows; T
+    response positions, the longest response). Log-probs, gaps and advantages are indexed like it."""
+
+    traj: torch.Tensor  # (B,) long: the trajectory each row was cut from (rows of one trajectory in step order)
+    steps: list[Step]  # the step of each row
+    rows: list[Row]  # the student's rows: context ids, then the response ids
+    teacher_rows: list[Row | None]  # the same response after the context with the hindsight block; None: no hindsight
+    response_mask: torch.Tensor  # (B, T) bool: True on a row's response tokens, its one segment (trained on)
+    gap_mask: torch.Tensor | None  # (B, T) bool: the tokens the gap averages (--gap-tokens action); None: the response
+    gap_fallback: torch.Tensor  # (B,) bool: --gap-tokens action found no <action> block, the whole response counts
+    has_hindsight: torch.Tensor  # (B,) bool: the row's trajectory has a hindsight block
+
+
+def make_rows(tokenizer, trajs: list[Trajectory], hindsight: list[str | None], action_only: bool = False) -> Rows:
+    """One student row per step of `trajs` and its teacher row where the trajectory has hindsight
+    (hindsight: one block or None per trajectory). action_only: the gap reads only the tokens inside
+    <action>...</action> (--gap-tokens action)."""
+    index = [(i, s) for i, traj in enumerate(trajs) for s in traj.steps]  # (trajectory, step) of each row
+    rows = [build_row(tokenizer, s.messages, s.response_ids) for _, s in index]
+    for row, (_, s) in zip(rows, index):  # the trained ids are exactly the fed and sampled ids
+        if row.input_ids != s.prompt_ids + s.response_ids:
+            raise ValueError("a row's ids differ from the ids generate was fed and sampled: the chat template "
+                             "does not reproduce the prompt it gave at rollout")
+    teacher_rows = [build_teacher_row(tokenizer, s.messages, s.response_ids, hindsight[i])
+                    if hindsight[i] is not None else None for i, s in index]
+    lengths = torch.tensor([len(r.response_ids) for r in rows])  # (B,)
+    response_mask = response_masks(lengths, int(lengths.max()) if len(rows) else 0)  # (B, T)
+    T = response_mask.shape[1]
+    gap_mask, fallback = action_masks(tokenizer, rows, T) if action_only else (None, torch.zeros(len(rows), dtype=torch.bool))
+    return Rows(torch.tensor([i for i, _ in index]), [s for _, s in index], rows, teacher_rows, response_mask,
+                gap_mask, fallback, torch.tensor([hindsight[i] is not None for i, _ in index], dtype=torch.bool))
 
 
 def length_batches(picked: list[int], rows: list[Row], size: int) -> list[list[int]]:
@@ -213,28 +258,32 @@ def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     )
 
 
-def response_segment_ids(response_len: torch.Tensor, T: int | None = None) -> torch.Tensor:
-    """Segment ids over response positions (B, T): 0 on a row's response tokens, -1 on padding."""
-    T = int(response_len.max()) if T is None else T
-    positions = torch.arange(T)[None, :]  # (1, T)
-    return torch.where(positions < response_len[:, None], 0, -1)  # (B, T)
+# ----------------------------------------------------------------------------- what the stages of train.py return
+@dataclass
+class Advantages:
+    """Stage 3: the direction of each row, from the rewards alone, and which rows the later stages need."""
+
+    row: torch.Tensor  # (B,) A_i of each row's trajectory (Eq. 1)
+    step: torch.Tensor | None  # (B,) GiGPO's step advantage A_step (Eq. 12); None for the other algorithms
+    step_groups: torch.Tensor | None  # (B,) long: GiGPO's step group of each row (same group, same anchor state)
+    moves: torch.Tensor  # (B,) bool: Ahat can be != 0 (A_i != 0; GiGPO: A_i + omega * A_step != 0)
+    in_loss: torch.Tensor  # (B,) bool: the rows the loss reads (those that move; every row under a KL or SDAR term)
+    taught: torch.Tensor  # (B,) bool: the rows whose teacher log-probs can change anything
 
 
-# ----------------------------------------------------------------------------- segment math
-def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: int | None = None) -> torch.Tensor:
-    """Mean of `values` over each segment's tokens: out[b, s] = mean_{t: seg[b,t]=s} values[b, t].
+@dataclass
+class LogProbs:
+    """Stage 4: log-probs of the sampled tokens, response-aligned (B, T); rows a pass left out hold 0, never read."""
 
-    values (B, T) float, segment_ids (B, T) long with -1 = no segment. Returns (B, S) with
-    S = num_segments or max id + 1; an empty segment gives 0, never NaN.
-    """
-    B, T = values.shape
-    S = int(segment_ids.max().item()) + 1 if num_segments is None else num_segments
-    S = max(S, 1)
-    in_segment = segment_ids >= 0  # (B, T) True = token belongs to some segment
-    index = segment_ids.clamp(min=0)  # (B, T) -1 parked at 0, then zeroed by the mask below
-    vals = torch.where(in_segment, values, torch.zeros_like(values))  # (B, T)
-    sums = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(1, index, vals)  # (B, S)
-    counts = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(
-        1, index, in_segment.to(values.dtype)
-    )  # (B, S)
-    return sums / counts.clamp(min=1)  # (B, S) empty segment: 0 / 1 = 0
+    student: torch.Tensor  # (B, T) the policy before the update: PPO's "old" log-probs and the gap's baseline
+    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; = student where the row is not taught
+    ref: torch.Tensor | None  # (B, T) the reference (adapter off), for the KL term; None without one
+
+
+@dataclass
+class Credit:
+    """Stage 5: the size of each row's update, from the teacher's gap."""
+
+    token_adv: torch.Tensor  # (B, T) Ahat, 0 off the segment (Eq. 5; RLSD Eq. 8, GiGPO Eq. 13)
+    gaps: torch.Tensor  # (B,) the segment gap g of each row (Eq. 3)
+    mults: torch.Tensor  # (B,) the segment multiplier m of each row, in --algo's shape (Eq. 4 or 9)

@@ -30,7 +30,7 @@ from errors import UserError
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
-
+SPLITS = {"alfworld": ("train", "valid_seen", "valid_unseen", "valid_train"), "webshop": ("train", "test")}  # per env
 
 
 def check_responses(responses: list, done: list[bool]) -> None:
@@ -158,8 +158,11 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **k
 
         return AlfWorldEnv(**kwargs)
     if name == "webshop":
-        from envs.webshop import WebShopEnv
-
+        try:  # WebShop's search and reward packages load only when WebShop is asked for
+            from envs.webshop import WebShopEnv
+        except ModuleNotFoundError as err:
+            raise UserError(f"--env webshop needs the {err.name} package, which is not installed: "
+                            "pip install -r requirements.txt (or bash install.sh)") from None
         return WebShopEnv(**kwargs)
     raise ValueError(f"unknown env {name!r}: choose 'alfworld' or 'webshop'")
 

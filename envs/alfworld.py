@@ -23,11 +23,11 @@ import re
 import time
 from pathlib import Path
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, SPLITS as ENV_SPLITS, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from errors import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
-SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
+SPLITS = ENV_SPLITS["alfworld"]
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",

@@ -42,12 +42,12 @@ from pathlib import Path
 import bm25s
 import Stemmer
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, SPLITS as ENV_SPLITS, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
 from errors import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
-SPLITS = ("train", "test")
+SPLITS = ENV_SPLITS["webshop"]
 PAGE_SIZE, SEARCH_TOP = 10, 50
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"

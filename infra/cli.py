@@ -93,13 +93,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def field_help(cls) -> dict[str, str]:
-    """Each field's trailing comment in the class source."""
+    """Each field's trailing comment in the source of the class (and of the dataclasses it extends)."""
     helps = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = _FIELD.match(line)
-        if m:
-            helps[m.group(1)] = m.group(2).strip()
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        for line in inspect.getsource(klass).splitlines():
+            m = _FIELD.match(line)
+            if m:
+                helps[m.group(1)] = m.group(2).strip()
     return helps
+
+
+def ordered_fields(cls) -> list:
+    """The dataclass's fields, its own before those of the classes it extends (--help lists them so)."""
+    own = set(cls.__dict__.get("__annotations__", {}))
+    fields = dataclasses.fields(cls)
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 def _optional(kind):
@@ -118,7 +126,7 @@ def build_parser(cls, description: str | None = None, defaults: dict | None = No
     parser = _Parser(prog=_prog(), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                      argument_default=argparse.SUPPRESS if suppress else None, add_help=not suppress)
     helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
-    for f in dataclasses.fields(cls):
+    for f in ordered_fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         optional = type(None) in typing.get_args(kind)

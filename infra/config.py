@@ -1,6 +1,7 @@
-"""Configuration of train.py: presets, parsing, the rules for a resumed run's flags, validation.
+"""Configuration of train.py: the run's flags, presets, parsing, the rules for a resumed run's flags, validation.
 
-The flags themselves are train.py's `TrainArgs` (one field each, with its comment). Resolution:
+The method's flags are train.py's `TrainArgs`; it extends `RunArgs` below, the flags that say how a
+run is executed (model and precision, data, run folder, logging, evaluation). Resolution:
 flags given on the command line, over the preset's defaults (`--preset cpu-demo` shrinks the
 GPU setting to minutes on a CPU), over the dataclass's defaults. With `--resume RUN`, the run's
 saved flags, of which only RESUME_MAY_CHANGE may be changed. Every value is checked here,
@@ -12,18 +13,50 @@ import math
 import sys
 import types
 import typing
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from envs import alfworld, history_length, webshop
+from envs import SPLITS, history_length
 from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags
-from rollout import default_model_name, resolve_dtype
+from infra.models import default_model_name, resolve_dtype
 from vllm_rollout import missing as vllm_missing
+
+
+@dataclass
+class RunArgs:
+    """How a run of train.py is executed: model and precision, data, run folder, logs, evaluation.
+    They change where and how fast the method runs, not what it computes (train.py's TrainArgs)."""
+
+    preset: Literal["auto", "gpu", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; cpu-learn: a CPU run that learns
+    model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
+    load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU or a CPU with AMX, else fp32
+    lora_r: int = 64  # LoRA rank (verl-agent: 64)
+    lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
+    init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
+    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
+    split: str = "train"  # split the training tasks come from
+    max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
+    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
+    rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
+    vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
+    micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
+    gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
+    eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
+    eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)
+    eval_games: int = 32  # games per evaluation
+    save_every: int = 1  # checkpoint every N iterations
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
+    samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
+    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo|-cpu-learn]; with --resume: that run's
+    resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
+
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
@@ -57,7 +90,6 @@ CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games 
 RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "preset", "report_to")
-SPLITS = {"alfworld": alfworld.SPLITS, "webshop": webshop.SPLITS}  # checked before anything loads
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
 
 
@@ -163,7 +195,7 @@ def check_args(args) -> None:
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
                   "temperature", "ppo_clip", "grad_clip", "eval_games"),
         non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
-                      "eval_every", "samples_per_iter", "min_new_tokens", "gigpo_omega"),
+                      "eval_every", "samples_per_iter", "gigpo_omega"),
         finite=("lam", "mult_eps", "gigpo_gamma"),
     )
     if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above
@@ -187,9 +219,9 @@ def check_args(args) -> None:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")
     if missing := dashboard.missing_package(args.report_to):
         problems.append(missing)
-    if args.min_new_tokens > 0:
-        problems.append("--min-new-tokens is for tools/bench.py only: blocking end-of-turn while sampling makes "
-                        "the PPO ratio off-policy; leave it at 0 for training")
+    if args.algo == "rlsd" and args.gap_tokens != "all":
+        problems.append("--gap-tokens action is for the algorithms with a segment gap: RLSD's multiplier is per token "
+                        "and reads no gap; drop the flag for --algo rlsd")
     if args.rollout == "vllm" and (problem := vllm_missing()):
         problems.append(problem)
     if not 0 < args.vllm_gpu_memory < 1:

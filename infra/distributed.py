@@ -75,6 +75,25 @@ class DataParallel:
                 raise RuntimeError(f"a LoRA gradient is on {p.grad.device}, not on this process's {self.device}")
             torch.distributed.all_reduce(p.grad)
 
+    def step(self, optimizer, params: list, grad_clip: float, finite: bool, stats: dict[str, float]) -> dict | None:
+        """One optimizer step that every process takes together: the token-mean pieces of the gradients
+        and statistics summed over processes, the gradient norm clipped, the step applied. A parameter
+        without a gradient (a minibatch of rows left out) gets zeros: the step still moves the weights
+        through Adam's momentum. When any process's loss or the gradient norm is not finite, no process
+        steps (returns None). Returns the summed statistics and grad_norm."""
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+        finite = self.sum(0.0 if finite else 1.0) == 0  # skip together
+        if finite:
+            self.sum_grads(params)
+            stats = {k: self.sum(v) for k, v in stats.items()}
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            finite = bool(torch.isfinite(norm))
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return {**stats, "grad_norm": float(norm)} if finite else None
+
     def gather(self, items: list) -> list:
         """Every process's list, concatenated in process order."""
         if self.world == 1:

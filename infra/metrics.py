@@ -1,21 +1,64 @@
 """Metrics: what each training iteration logs (metrics.jsonl) and the sample trajectories it keeps
-(samples.jsonl). docs/training.md defines every key.
+(samples.jsonl), and the episode summary eval.py prints. docs/training.md defines every key.
 
 `gather` arguments combine the values of every process in a multi-process run (the identity in
 a plain run), so the numbers are over all of the iteration's episodes.
 """
 from __future__ import annotations
 
+import contextlib
 import resource
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
-from advantage import ALGORITHMS
-from eval import summarize
-from segments import Trajectory
+from advantage import ALGORITHMS, rlsd_multipliers
+from segments import Advantages, Credit, LogProbs, Rows, Trajectory
+
+
+def summarize(trajs: list[Trajectory]) -> dict:
+    """Success, reward, length and invalid rate of finished episodes, overall and per task type (eval.py's docstring)."""
+    steps = sum(len(t.steps) for t in trajs)
+    invalid = sum(s.action is None for t in trajs for s in t.steps)
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        by_type[t.task_type].append(t.won)
+    out = {
+        "episodes": len(trajs),
+        "success": sum(t.won for t in trajs) / max(len(trajs), 1),
+        "mean_reward": sum(t.reward for t in trajs) / max(len(trajs), 1),
+        "mean_steps": steps / max(len(trajs), 1),
+        "invalid_rate": invalid / max(steps, 1),
+    }
+    if any("score" in t.info for t in trajs):
+        out["mean_score"] = sum(t.info.get("score", 0.0) for t in trajs) / len(trajs)
+    out.update({f"success/{k}": sum(v) / len(v) for k, v in sorted(by_type.items())})
+    out.update({f"episodes/{k}": len(v) for k, v in sorted(by_type.items())})
+    return out
+
+
+@dataclass
+class Stages:
+    """What one iteration's stages returned, for its metrics line and sample records."""
+
+    trajs: list[Trajectory]  # 1. rollout
+    rows: Rows  # 2. segments
+    adv: Advantages  # 3. advantage
+    logp: LogProbs  # 4. teacher
+    credit: Credit  # 5. credit
+    update: dict  # 6. update: the update/... statistics
+    watch: "Stopwatch"  # seconds per stage
+    actor: object  # who decoded the rollout (tokens_generated; vLLM: its log-prob difference)
+
+
+def timed(watch, name: str):
+    """`with timed(watch, name):` times a stage when there is a stopwatch, and does nothing without one."""
+    return watch(name) if watch is not None else contextlib.nullcontext()
 
 
 class Stopwatch:
@@ -28,6 +71,7 @@ class Stopwatch:
         self.env = env
         self.env_start = sum(env.seconds.values()) if env is not None else 0.0
         self.crashes_start = getattr(env, "crashes", 0)
+        reset_peak_memory()  # peak_memory_gb is this iteration's own peak, not the run's so far
 
     @contextmanager
     def __call__(self, name: str):
@@ -41,25 +85,27 @@ class Stopwatch:
         return getattr(self.env, "crashes", 0) - self.crashes_start
 
 
-def iteration_metrics(trainer, batch, policy, update: dict, watch: Stopwatch) -> dict:
+def iteration_metrics(stages: Stages, args, dist, iteration: int) -> dict:
     """The metrics line of the iteration train.py just ran (docs/training.md defines each key)."""
-    dist, args, seconds = trainer.dist, trainer.args, watch.seconds
-    all_trajs = dist.gather(batch.trajs)  # [distributed] metrics over every process's episodes
-    out = {"iteration": trainer.iteration_done, **rollout_metrics(all_trajs, [t.group for t in all_trajs])}
-    if ALGORITHMS[args.algo].teacher:
-        out.update(teacher_metrics(batch, args.algo, args.mult_eps, dist.gather))
-    if ALGORITHMS[args.algo].step_groups:
-        out.update(gigpo_metrics(batch, dist.gather))
-    out.update(update)
-    out["rows"] = int(dist.sum(len(batch.rows)))
-    out["skipped/student"] = int(dist.sum(batch.skipped["student"]))  # the same rows sit out the update
-    if ALGORITHMS[args.algo].teacher:
-        out["skipped/teacher"] = int(dist.sum(batch.skipped["teacher"]))
-    out["env_crashes"] = int(dist.sum(watch.crashes()))
-    out["tokens_generated"] = int(dist.sum(policy.tokens_generated))
+    seconds, adv, rows, algo = stages.watch.seconds, stages.adv, stages.rows, ALGORITHMS[args.algo]
+    all_trajs = dist.gather(stages.trajs)  # [distributed] metrics over every process's episodes
+    out = {"iteration": iteration, **rollout_metrics(all_trajs, [t.group for t in all_trajs])}
+    if algo.teacher:
+        out.update(teacher_metrics(stages, args.algo, args.mult_eps, dist.gather))
+    if algo.step_groups:
+        out.update(gigpo_metrics(adv, dist.gather))
+    if rows.gap_mask is not None:  # --gap-tokens action: responses without an <action> block, gap over all their tokens
+        out["gap_action_fallback"] = sum(dist.gather(rows.gap_fallback.tolist())) / max(dist.sum(len(rows.rows)), 1)
+    out.update(stages.update)
+    out["rows"] = int(dist.sum(len(rows.rows)))
+    out["skipped/student"] = int(dist.sum(int((~adv.in_loss).sum())))  # the same rows sit out the update
+    if algo.teacher:
+        out["skipped/teacher"] = int(dist.sum(int((rows.has_hindsight & ~adv.taught).sum())))
+    out["env_crashes"] = int(dist.sum(stages.watch.crashes()))
+    out["tokens_generated"] = int(dist.sum(stages.actor.tokens_generated))
     out["tokens_per_s_generate"] = out["tokens_generated"] / max(seconds["rollout"], 1e-9)
-    if hasattr(policy, "metrics"):  # --rollout vllm: its log-probs against the trainer's (rollout/logp_diff_*)
-        out.update(policy.metrics(batch))
+    if hasattr(stages.actor, "metrics"):  # --rollout vllm: its log-probs against the trainer's (rollout/logp_diff_*)
+        out.update(stages.actor.metrics(rows, stages.logp))
     out["processes"] = dist.world
     out.update({f"seconds/{k}": v for k, v in seconds.items()})
     out["peak_memory_gb"] = peak_memory_gb()
@@ -86,7 +132,7 @@ def _same(items: list) -> list:
     return items
 
 
-def teacher_metrics(batch, algo: str, eps: float, gather=_same) -> dict:
+def teacher_metrics(stages: Stages, algo: str, eps: float, gather=_same) -> dict:
     """What the teacher found and what --algo applied of it.
 
     gap_mean, gap_abs_mean: the segment gap g over the rows the teacher scores (hindsight and
@@ -95,17 +141,19 @@ def teacher_metrics(batch, algo: str, eps: float, gather=_same) -> dict:
     units it applies it to, where it can differ from 1 (hindsight and A != 0): segments for
     sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none.
     gather: combines the values of every process ([distributed]; the identity in a plain run)."""
-    hind = batch.has_hindsight  # (B,)
-    sel = hind & (batch.adv_row != 0)  # (B,) rows whose multiplier can differ from 1
+    rows, adv, credit, logp = stages.rows, stages.adv, stages.credit, stages.logp
+    hind = rows.has_hindsight  # (B,)
+    sel = hind & (adv.row != 0)  # (B,) rows whose multiplier can differ from 1
     spec = ALGORITHMS[algo]
     if spec.mixes and spec.granularity == "segment":  # sharpo, stepopsd
-        m = batch.mults[sel]  # (n,) one per segment
-    elif spec.mixes:  # rlsd
-        m = batch.token_mults[sel][batch.segment_ids[sel] >= 0]  # (n,) one per trained token
+        m = credit.mults[sel]  # (n,) one per segment
+    elif spec.mixes:  # rlsd: one per trained token
+        m = rlsd_multipliers(adv.row, logp.teacher, logp.student, eps)[sel][rows.response_mask[sel]]  # (n,)
     else:  # grpo, sdar, gigpo scale no advantage
         m = torch.zeros(0)
     hind_all = torch.tensor(gather(hind.tolist()), dtype=torch.bool)  # (B_all,)
-    g = torch.tensor(gather(batch.gaps[batch.taught].tolist()))  # (n_taught,)
+    scored = hind & (adv.in_loss if spec.sdar else adv.moves)  # (B,) the rows the teacher must score (train.py's rule)
+    g = torch.tensor(gather(credit.gaps[scored].tolist()))  # (n_scored,)
     m = torch.tensor(gather(m.tolist()))  # (n,)
     out = {"hindsight_share": float(hind_all.float().mean()), "segments_scored": sum(gather([int(sel.sum())]))}
     if g.numel():
@@ -117,52 +165,98 @@ def teacher_metrics(batch, algo: str, eps: float, gather=_same) -> dict:
     return out
 
 
-def gigpo_metrics(batch, gather=_same) -> dict:
+def gigpo_metrics(adv: Advantages, gather=_same) -> dict:
     """How much step-level signal GiGPO found: the share of steps in a step group of size >= 2,
     the mean step-group size, and the spread (std) of the step advantage."""
-    _, inverse, counts = torch.unique(batch.step_groups, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(adv.step_groups, return_inverse=True, return_counts=True)
     row_sizes = torch.tensor(gather(counts[inverse].tolist()))  # (B_all,) size of each row's step group
     group_sizes = torch.tensor(gather(counts.tolist()), dtype=torch.float)  # (groups_all,)
-    step_adv = torch.tensor(gather(batch.step_adv.tolist()))  # (B_all,)
+    step_adv = torch.tensor(gather(adv.step.tolist()))  # (B_all,)
     return {"gigpo/step_group_share": float((row_sizes >= 2).float().mean()),
             "gigpo/step_group_size": float(group_sizes.mean()),
             "gigpo/step_adv_std": float(step_adv.std()) if step_adv.numel() > 1 else 0.0}
 
 
 def peak_memory_gb() -> float:
+    """The peak memory since the last reset_peak_memory (GPU: allocated by torch; CPU: the process's resident set)."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    try:  # Linux: the peak resident set since the last reset, in kB
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the process's peak so far, in KiB
 
 
-def sample_records(batch, tokenizer, k: int, it: int) -> list[dict]:
+def reset_peak_memory() -> None:
+    """Start a new peak: torch's CUDA counter, or the kernel's peak resident set (Linux; elsewhere it keeps the run's)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size (proc(5))
+
+
+def sample_records(stages: Stages, tokenizer, k: int, it: int) -> list[dict]:
     """A few trajectories (those whose advantage is not 0 first, then those with hindsight) with each
     segment's gap and multiplier (null where the teacher did not score the row: its Ahat is 0)."""
-    trajs, steps = batch.trajs, batch.steps
-    delta = batch.logp_teacher - batch.logp_student  # (B, T) per-token teacher - student gap
-    moving = {i for (i, _), m in zip(steps, batch.moves) if m}  # trajectories with a row that can move the policy
+    trajs, rows, adv, logp, credit = stages.trajs, stages.rows, stages.adv, stages.logp, stages.credit
+    delta = logp.teacher - logp.student  # (B, T) per-token teacher - student gap
+    moving = {int(i) for i, m in zip(rows.traj, adv.moves) if m}  # trajectories with a row that can move the policy
     shown = [i for i in range(len(trajs)) if trajs[i].steps]  # an episode whose worker crashed at reset has none
     picked = sorted(shown, key=lambda i: (i not in moving, trajs[i].hindsight is None, i))[:k]
     records = []
     for i in picked:
-        mine = [b for b, (j, _) in enumerate(steps) if j == i]
+        mine = [b for b, j in enumerate(rows.traj.tolist()) if j == i]
         segs = []
         for b in mine:
-            s, n = steps[b][1], len(batch.rows[b].response_ids)
-            scored = bool(batch.taught[b] or not batch.has_hindsight[b])
+            s, n = rows.steps[b], len(rows.rows[b].response_ids)
+            scored = bool(adv.taught[b] or not rows.has_hindsight[b])
             segs.append({
                 "observation": s.messages[-1]["content"].split("Current observation: ")[-1].split("\nAdmissible")[0],
                 "response": s.response_text, "action": s.action, "reward": s.reward,
-                "gap": float(batch.gaps[b]) if scored else None, "multiplier": float(batch.mults[b]) if scored else None,
-                **({"step_advantage": float(batch.step_adv[b])} if batch.step_adv is not None else {}),
-                "tokens": [tokenizer.decode([t]) for t in batch.rows[b].response_ids],
+                "gap": float(credit.gaps[b]) if scored else None,
+                "multiplier": float(credit.mults[b]) if scored else None,
+                **({"step_advantage": float(adv.step[b])} if adv.step is not None else {}),
+                "tokens": [tokenizer.decode([t]) for t in rows.rows[b].response_ids],
                 "token_delta": [round(float(x), 4) for x in delta[b, :n]] if scored else None,
             })
         traj = trajs[i]
         records.append({"iteration": it, "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
-                        "reward": traj.reward, "advantage": float(batch.adv_row[mine[0]]),
+                        "reward": traj.reward, "advantage": float(adv.row[mine[0]]),
                         "hindsight": traj.hindsight, "segments": segs})
     return records
+
+
+class UpdateLog:
+    """The update/... statistics of one iteration's optimizer steps: each a mean over the steps taken."""
+
+    def __init__(self, iteration: int, kl: bool, sdar: bool):
+        self.iteration, self.steps, self.skipped = iteration, 0, 0
+        self.keys = ["pg_loss", "clip_frac", "approx_kl_old", "loss"] + ["kl_ref"] * kl + ["sdar_loss"] * sdar
+        self.sums: dict[str, float] = defaultdict(float)
+
+    def progress(self, minibatches, total: int):
+        return tqdm(minibatches, total=total, desc=f"iter {self.iteration} update", leave=False)
+
+    def total(self, stats: list[dict]) -> dict[str, float]:
+        """The minibatch's statistics: each micro-batch's is already divided by the minibatch's count, so they add up."""
+        return {k: sum(float(s[k]) for s in stats) for k in self.keys}
+
+    def add(self, step: dict | None) -> None:
+        """One optimizer step's statistics (with grad_norm), or None: a non-finite loss or gradient skipped it."""
+        if step is None:
+            self.skipped += 1
+            print(f"warning: iteration {self.iteration}: non-finite loss or gradient, step skipped", file=sys.stderr)
+            return
+        self.steps += 1
+        for k, v in step.items():
+            self.sums[k] += v
+
+    def means(self) -> dict:
+        return {**{f"update/{k}": v / max(self.steps, 1) for k, v in self.sums.items()},
+                "update/optimizer_steps": self.steps, "update/skipped_steps": self.skipped}
 
 
 RECENT = 5  # iterations in the moving success rate `success_recent`

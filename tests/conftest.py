@@ -13,13 +13,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from rollout import build_tiny_tokenizer
+    from infra.models import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from rollout import load_tokenizer
+    from infra.models import load_tokenizer
 
     return load_tokenizer("smollm2")

@@ -22,13 +22,12 @@ args = train.parse_args(["--model=tiny", "--preset=none", "--groups=4", "--group
                          f"--output-dir={out}/run"])
 trainer = train.Trainer(args, env=StubEnv(1))
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
-trajs, _ = trainer.rollout(1)
+trajs = trainer.rollout(1)
 everyone = trainer.dist.gather(trajs)
-batch = trainer.make_rows(trajs)
-trainer.advantages(batch)
-trainer.score(batch)
-trainer.credit(batch)
-stats = trainer.update(batch)
+rows = trainer.segments(trajs)
+adv = trainer.advantage(trajs, rows)
+logp = trainer.teacher(rows, adv)
+stats = trainer.update(rows, adv, logp, trainer.credit(rows, adv, logp))
 after = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
 first_moment = [trainer.optimizer.state[p]["exp_avg"].clone() for p in trainer.params]  # (1 - beta1) * gradient
 if trainer.dist.main:

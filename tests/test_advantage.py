@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from advantage import grpo_advantages, segment_multipliers, sharpo_token_advantages, shuffled_within_groups
+from advantage import (grpo_advantages, rlsd_token_advantages, segment_gap, segment_multipliers, shuffled_within_groups,
+                       token_advantages)
 
 
 # ----------------------------------------------------------------------------- GRPO
@@ -80,22 +81,26 @@ def test_grpo_matches_loop(seed):
 
 
 # ----------------------------------------------------------------------------- SHARPO
-def _random_case(seed, B=6, T=20, S=3):
+def _random_case(seed, B=6, T=20):
     g = torch.Generator().manual_seed(seed)
     adv = torch.randn(B, generator=g)
     adv[0] = 0.0  # one row with A = 0
     logp_s = -torch.rand(B, T, generator=g) * 3
     logp_t = logp_s + torch.randn(B, T, generator=g) * 0.5
-    seg = torch.sort(torch.randint(0, S, (B, T), generator=g), dim=1).values
-    seg[:, -3:] = -1  # padding / prompt positions
-    return adv, logp_t, logp_s, seg
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T) the response, then padding
+    return adv, logp_t, logp_s, mask
 
 
-VARIANTS = [
-    dict(granularity="segment", shape="exp"),  # SHARPO
-    dict(granularity="token", shape="exp"),  # RLSD
-    dict(granularity="segment", shape="sigmoid"),  # StepOPSD
-]
+VARIANTS = ["sharpo", "rlsd", "stepopsd"]
+
+
+def ahat(variant, adv, lt, ls, mask, lam=0.5, mult_eps=0.2):
+    """The token advantage as train.py's stage 5 computes it for each variant."""
+    if variant == "rlsd":
+        return rlsd_token_advantages(adv, lt, ls, mask, lam, mult_eps)
+    shape = "sigmoid" if variant == "stepopsd" else "exp"
+    return token_advantages(adv, segment_gap(lt, ls, mask), mask, lam, mult_eps, shape)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -103,68 +108,66 @@ VARIANTS = [
 @pytest.mark.parametrize("lam,eps_m", [(0.5, 0.2), (1.0, 0.5), (0.3, 0.05)])
 def test_sharpo_properties(variant, seed, lam, eps_m):
     """METHOD.md section 4: sign(Ahat) = sign(A); |Ahat - A| <= lam * eps_m * |A|; A = 0 gives
-    0; zero outside segments; constant within a segment (RLSD exempt)."""
-    adv, lt, ls, seg = _random_case(seed)
-    ahat = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, mult_eps=eps_m, **variant)
-    A = adv[:, None].expand_as(ahat)
-    inside = seg >= 0
-    assert torch.equal(torch.sign(ahat[inside]), torch.sign(A[inside]))
-    assert ((ahat - A).abs()[inside] <= lam * eps_m * A.abs()[inside] + 1e-6).all()
-    assert torch.equal(ahat[0], torch.zeros_like(ahat[0]))
-    assert torch.equal(ahat[~inside], torch.zeros_like(ahat[~inside]))
-    if variant["granularity"] == "segment":
-        for b in range(seg.shape[0]):
-            for s in seg[b].unique().tolist():
-                if s >= 0:
-                    vals = ahat[b][seg[b] == s]
-                    assert torch.allclose(vals, vals[0].expand_as(vals))
+    0; zero outside the segment; constant within a segment (RLSD exempt)."""
+    adv, lt, ls, mask = _random_case(seed)
+    out = ahat(variant, adv, lt, ls, mask, lam=lam, mult_eps=eps_m)
+    A = adv[:, None].expand_as(out)
+    assert torch.equal(torch.sign(out[mask]), torch.sign(A[mask]))
+    assert ((out - A).abs()[mask] <= lam * eps_m * A.abs()[mask] + 1e-6).all()
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
+    if variant != "rlsd":
+        for b in range(mask.shape[0]):
+            vals = out[b][mask[b]]
+            assert torch.allclose(vals, vals[0].expand_as(vals))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_lam_zero_is_grpo_and_teacher_equals_student_is_identity(variant):
     """lam = 0 is exactly GRPO; teacher == student gives Ahat = A (multiplier 1)."""
-    adv, lt, ls, seg = _random_case(7)
-    A = torch.where(seg >= 0, adv[:, None].expand_as(seg).float(), 0.0)
-    assert torch.equal(sharpo_token_advantages(adv, lt, ls, seg, lam=0.0, **variant), A)
-    assert torch.allclose(sharpo_token_advantages(adv, ls, ls, seg, lam=0.7, **variant), A)
+    adv, lt, ls, mask = _random_case(7)
+    A = torch.where(mask, adv[:, None].expand_as(mask).float(), 0.0)
+    assert torch.equal(ahat(variant, adv, lt, ls, mask, lam=0.0), A)
+    assert torch.allclose(ahat(variant, adv, ls, ls, mask, lam=0.7), A)
 
 
 def test_sharpo_by_hand():
-    """One row, A = 2, two segments with gaps +0.1 and -0.5 (eps_m 0.2, lam 0.5):
+    """Two rows (one segment each), A = 2, gaps +0.1 and -0.5 (eps_m 0.2, lam 0.5):
     m = clip(exp(0.1)) = 1.10517, clip(exp(-0.5)) = 0.8 -> Ahat = 2*(0.5 + 0.5 m).
     With A = -2 the signs flip: m = clip(exp(-0.1)) = 0.904837, clip(exp(0.5)) = 1.2."""
-    ls = torch.zeros(1, 4)
-    lt = torch.tensor([[0.2, 0.0, -0.5, -0.5]])
-    seg = torch.tensor([[0, 0, 1, 1]])
-    pos = sharpo_token_advantages(torch.tensor([2.0]), lt, ls, seg)
+    ls = torch.zeros(2, 2)
+    lt = torch.tensor([[0.2, 0.0], [-0.5, -0.5]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    gaps = segment_gap(lt, ls, mask)
+    assert torch.allclose(gaps, torch.tensor([0.1, -0.5]))
+    pos = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask)
     m1, m2 = math.exp(0.1), 0.8
-    assert torch.allclose(pos, torch.tensor([[2 * (0.5 + 0.5 * m1)] * 2 + [2 * (0.5 + 0.5 * m2)] * 2]))
-    neg = sharpo_token_advantages(torch.tensor([-2.0]), lt, ls, seg)
+    assert torch.allclose(pos, torch.tensor([[2 * (0.5 + 0.5 * m1)] * 2, [2 * (0.5 + 0.5 * m2)] * 2]))
+    neg = token_advantages(torch.tensor([-2.0, -2.0]), gaps, mask)
     m1, m2 = math.exp(-0.1), 1.2
-    assert torch.allclose(neg, torch.tensor([[-2 * (0.5 + 0.5 * m1)] * 2 + [-2 * (0.5 + 0.5 * m2)] * 2]))
+    assert torch.allclose(neg, torch.tensor([[-2 * (0.5 + 0.5 * m1)] * 2, [-2 * (0.5 + 0.5 * m2)] * 2]))
     # StepOPSD: m = clip(2 * sigmoid(0.1)) = 1.04996
-    sig = sharpo_token_advantages(torch.tensor([2.0]), lt, ls, seg, shape="sigmoid")
+    sig = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, shape="sigmoid")
     assert sig[0, 0].item() == pytest.approx(2 * (0.5 + 0.5 * 2 / (1 + math.exp(-0.1))), rel=1e-6)
     # RLSD: per token, the first token's delta 0.2 saturates at 1.2, the second's 0 gives 1
-    tok = sharpo_token_advantages(torch.tensor([2.0]), lt, ls, seg, granularity="token")
-    assert torch.allclose(tok[0, :2], torch.tensor([2 * (0.5 + 0.5 * 1.2), 2.0]))
+    tok = rlsd_token_advantages(torch.tensor([2.0, 2.0]), lt, ls, mask)
+    assert torch.allclose(tok[0], torch.tensor([2 * (0.5 + 0.5 * 1.2), 2.0]))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sharpo_matches_loop(seed):
-    """The vectorized token advantage equals a loop over rows, segments and tokens."""
-    adv, lt, ls, seg = _random_case(seed)
+    """The vectorized gap and token advantage equal a loop over rows and tokens."""
+    adv, lt, ls, mask = _random_case(seed)
     lam, eps = 0.5, 0.2
-    fast = sharpo_token_advantages(adv, lt, ls, seg, lam=lam, mult_eps=eps)
+    fast = token_advantages(adv, segment_gap(lt, ls, mask), mask, lam=lam, mult_eps=eps)
     slow = torch.zeros_like(fast)
-    for b in range(seg.shape[0]):
+    for b in range(mask.shape[0]):
         sign = (adv[b].item() > 0) - (adv[b].item() < 0)
-        for s in set(seg[b].tolist()) - {-1}:
-            toks = [t for t in range(seg.shape[1]) if seg[b, t] == s]
-            g = sum((lt[b, t] - ls[b, t]).item() for t in toks) / len(toks)
-            m = min(max(math.exp(sign * g), 1 - eps), 1 + eps)
-            for t in toks:
-                slow[b, t] = adv[b] * ((1 - lam) + lam * m)
+        toks = [t for t in range(mask.shape[1]) if mask[b, t]]
+        g = sum((lt[b, t] - ls[b, t]).item() for t in toks) / len(toks)
+        m = min(max(math.exp(sign * g), 1 - eps), 1 + eps)
+        for t in toks:
+            slow[b, t] = adv[b] * ((1 - lam) + lam * m)
     assert torch.allclose(fast, slow, atol=1e-6)
 
 
@@ -172,18 +175,18 @@ def test_gap_mask_limits_the_gap_to_chosen_tokens():
     """With a gap mask (e.g. action tokens only) the gap averages only those tokens."""
     ls = torch.zeros(1, 4)
     lt = torch.tensor([[-1.0, -1.0, 0.1, 0.1]])
-    seg = torch.zeros(1, 4, dtype=torch.long)
-    gaps, mult = segment_multipliers(torch.tensor([1.0]), lt, ls, seg, gap_mask=torch.tensor([[False, False, True, True]]))
-    assert gaps.item() == pytest.approx(0.1) and mult.item() == pytest.approx(math.exp(0.1))
-    # a segment with no gap tokens: gap 0, multiplier 1
-    gaps, mult = segment_multipliers(torch.tensor([1.0]), lt, ls, seg, gap_mask=torch.zeros(1, 4, dtype=torch.bool))
-    assert gaps.item() == 0.0 and mult.item() == 1.0
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    gaps = segment_gap(lt, ls, mask, gap_mask=torch.tensor([[False, False, True, True]]))
+    assert gaps.item() == pytest.approx(0.1)
+    assert segment_multipliers(torch.tensor([1.0]), gaps).item() == pytest.approx(math.exp(0.1))
+    # a segment with no gap tokens: gap 0, multiplier 1 (segments.action_masks never passes one: it falls back)
+    assert segment_gap(lt, ls, mask, gap_mask=torch.zeros(1, 4, dtype=torch.bool)).item() == 0.0
 
 
 @pytest.mark.parametrize("kw", [dict(lam=-0.1), dict(lam=1.5), dict(mult_eps=0.0), dict(mult_eps=1.0),
-                                dict(granularity="step"), dict(shape="tanh")])
+                                dict(shape="tanh")])
 def test_invalid_settings_raise(kw):
     """Settings outside 0 <= lam <= 1, 0 < eps_m < 1, or unknown variants are clear errors."""
-    adv, lt, ls, seg = _random_case(0)
+    adv, lt, ls, mask = _random_case(0)
     with pytest.raises(ValueError):
-        sharpo_token_advantages(adv, lt, ls, seg, **kw)
+        token_advantages(adv, segment_gap(lt, ls, mask), mask, **kw)

@@ -12,7 +12,7 @@ import train
 from infra import checkpoint, config
 from infra.checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
 from infra.cli import UserError
-from rollout import build_tiny_model, build_tiny_tokenizer, load_policy, smollm2_gguf
+from infra.models import build_tiny_model, build_tiny_tokenizer, load_policy, smollm2_gguf
 from stub_env import StubEnv
 from tiny_runs import flags, tiny_args, tiny_train
 

@@ -75,9 +75,9 @@ def _scored(logp_teacher_of, n_games=12, steps_per_game=8, seed=0):
     B, T = n_games * steps_per_game, 6
     student = -torch.rand(B, T, generator=gen)  # (B, T)
     mistake = torch.tensor([b % 2 == 0 for b in range(B)])  # (B,)
-    segment_ids, action = torch.zeros(B, T, dtype=torch.long), torch.ones(B, T, dtype=torch.bool)  # one whole segment a row
+    response, action = torch.ones(B, T, dtype=torch.bool), torch.ones(B, T, dtype=torch.bool)  # one whole segment a row
     teachers = {name: logp_teacher_of(name, student, mistake, gen) for name in credit.TEACHERS}
-    scores = credit.step_scores(student, teachers, segment_ids, action, -torch.ones(B), 0.2)
+    scores = credit.step_scores(student, teachers, response, action, -torch.ones(B), 0.2)
     return {"game": [b // steps_per_game for b in range(B)], "won": [False] * B,
             "label": (~mistake).tolist(), "label_expert": (~mistake).tolist(),
             "scores": {**{k: v.tolist() for k, v in scores.items()},
@@ -313,7 +313,7 @@ def test_credit_end_to_end_on_the_stub_env():
     """play -> placebo blocks -> labels -> score_steps -> auc_table with the tiny model: every
     score is reported for both parts, identical steps are counted once, and GRPO's constant
     weight gives 0.5 (or nan where a part has one class)."""
-    from rollout import load_policy
+    from infra.models import load_policy
     from stub_env import StubEnv
 
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)

@@ -143,8 +143,8 @@ def test_train_stops_on_bad_data_before_loading_a_model(tmp_path):
     """A corrupt data folder ends train.py in one line, exit 2, before the model loads."""
     root = _copy_alfworld(tmp_path)
     (_first_game(root) / "game.tw-pddl").unlink()
-    code = ("import sys, rollout; from infra.cli import run; import train\n"
-            "rollout.load_policy = lambda *a, **k: sys.exit('the model was loaded')\n"
+    code = ("import sys; from infra import checkpoint; from infra.cli import run; import train\n"
+            "checkpoint.load_policy = lambda *a, **k: sys.exit('the model was loaded')\n"
             f"run(lambda: train.main(['--model', 'tiny', '--preset', 'none', '--data-dir', {str(root)!r}, "
             f"'--output-dir', {str(tmp_path / 'run')!r}]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

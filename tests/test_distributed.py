@@ -43,11 +43,10 @@ def test_two_processes_take_the_one_process_step(tmp_path):
     one = train.Trainer(args, env=StubEnv(1))
     lora = {n: p for n, p in one.model.named_parameters() if "lora_" in n}
     assert all(torch.equal(lora[n], saved["before"][n]) for n in lora)  # the same start
-    batch = one.make_rows(trajs)
-    one.advantages(batch)
-    one.score(batch)
-    one.credit(batch)
-    stats = one.update(batch)
+    rows = one.segments(trajs)
+    adv = one.advantage(trajs, rows)
+    logp = one.teacher(rows, adv)
+    stats = one.update(rows, adv, logp, one.credit(rows, adv, logp))
     assert stats["update/optimizer_steps"] == 1 == saved["stats"]["update/optimizer_steps"]
     moved = [n for n in lora if not torch.equal(saved["before"][n], saved["after"][n])]
     assert moved

@@ -31,17 +31,17 @@ def biased_std(rewards, group_ids):  # divides by n, not n - 1
     return advantage.grpo_advantages(rewards, group_ids) * ((len(rewards) - 1) / len(rewards)) ** 0.5
 
 
-def gap_with_padding(logp_teacher, logp_student, segment_ids, gap_mask=None):  # averages padding too
-    return (logp_teacher - logp_student).mean(1, keepdim=True).expand(-1, int(segment_ids.max()) + 1)
+def gap_with_padding(logp_teacher, logp_student, response_mask, gap_mask=None):  # averages padding too
+    return (logp_teacher - logp_student).mean(1)
 
 
-def unclipped_multiplier(adv, gaps, segment_ids, lam=0.5, mult_eps=0.2):
+def unclipped_multiplier(adv, gaps, response_mask, lam=0.5, mult_eps=0.2):
     m = torch.exp(torch.sign(adv) * gaps)
-    return torch.where(segment_ids >= 0, (adv * ((1 - lam) + lam * m))[:, None], torch.zeros(()))
+    return torch.where(response_mask, (adv * ((1 - lam) + lam * m))[:, None], torch.zeros(()))
 
 
 def per_call_mean(logp_new, logp_old, token_adv, mask, num_tokens, ppo_clip=0.2):  # its own token count
-    return advantage.policy_loss(logp_new, logp_old, token_adv, mask, num_tokens=None, ppo_clip=ppo_clip)[0]
+    return advantage.ppo_clip_loss(logp_new, logp_old, token_adv, mask, int(mask.sum()), ppo_clip)
 
 
 def includes_oneself(trajs):
@@ -64,6 +64,27 @@ def undiscounted(r, t, g, a, gamma):
 def test_a_typical_wrong_answer_fails_with_a_reason_in_words(n, wrong, words):
     found = check.problems(n, wrong)
     assert any(words in message for message in found), found
+
+
+@pytest.mark.parametrize("n", sorted(check.EXERCISES))
+def test_each_exercise_is_a_function_the_training_loop_calls(n):
+    """One function per formula: what a student writes in exercise n is, in the project, the very
+    function train.py's stages call (the object train.py imports); the PPO-clip loss of exercise 4 is the
+    policy-gradient term of the loss train.py calls (policy_loss without KL or SDAR: equal on a random batch)."""
+    import train
+
+    own = check.solution(n)
+    if n == 4:
+        g = torch.Generator().manual_seed(n)
+        new, old, adv = (torch.randn(3, 5, generator=g) for _ in range(3))
+        mask = torch.rand(3, 5, generator=g) > 0.3
+        assert torch.equal(train.policy_loss(new, old, adv, mask, num_tokens=11)[0], own(new, old, adv, mask, 11))
+    else:
+        assert getattr(train, own.__name__, None) is own, f"train.py does not call {own.__module__}.{own.__name__}"
+    module, name, _ = check.EXERCISES[n]
+    template = inspect.signature(getattr(__import__(f"exercises.{module}", fromlist=[name]), name))
+    assert list(template.parameters)[: len(template.parameters)] == list(inspect.signature(own).parameters)[
+        : len(template.parameters)], "the exercise's arguments are the loop's function's, in the same order"
 
 
 def test_the_command_says_what_to_fix(capsys):

@@ -13,7 +13,7 @@ from advantage import (
     grpo_advantages,
 )
 from infra import metrics
-from rollout import load_policy
+from infra.models import load_policy
 from stub_env import StubEnv
 
 # One group of three trajectories (gamma = 0.5), rows in step order:
@@ -45,10 +45,10 @@ def test_returns_groups_and_step_advantages_by_hand():
     adv = grpo_advantages(torch.tensor([10.0, -0.1, 0.0], dtype=torch.float64), torch.tensor([0, 0, 0]))
     assert adv.tolist() == pytest.approx([1.154657, -0.585946, -0.568711], abs=1e-5)
     adv_row = adv[TRAJ]  # (B,)
-    seg = torch.tensor([[0, 0, -1]] * 8)  # (B, T) two response tokens, then padding
-    tok = gigpo_token_advantages(adv_row, step_adv, seg, omega=1.0)
+    mask = torch.tensor([[True, True, False]] * 8)  # (B, T) two response tokens, then padding
+    tok = gigpo_token_advantages(adv_row, step_adv, mask, omega=1.0)
     assert tok[0, 0].item() == pytest.approx(2.309185, abs=1e-5) and tok[0, 1] == tok[0, 0] and tok[0, 2] == 0
-    stats = metrics.gigpo_metrics(SimpleNamespace(step_groups=groups, step_adv=step_adv))
+    stats = metrics.gigpo_metrics(SimpleNamespace(step_groups=groups, step=step_adv))
     assert stats["gigpo/step_group_share"] == pytest.approx(6 / 8) and stats["gigpo/step_group_size"] == pytest.approx(2.0)
 
 
@@ -61,8 +61,8 @@ def test_mean_norm_gamma_zero_and_omega_zero():
     centered = grpo_advantages(discounted_returns(torch.tensor(REWARDS), torch.tensor(TRAJ), 0.5), groups, norm_by_std=False)
     assert centered[0].item() == pytest.approx(2.5 - 0.816667, abs=1e-5)
     adv = torch.tensor([1.0, -2.0, 0.5])[TRAJ]
-    seg = torch.tensor([[0, -1]] * 8)
-    tok = gigpo_token_advantages(adv, torch.randn(8), seg, omega=0.0)
+    mask = torch.tensor([[True, False]] * 8)
+    tok = gigpo_token_advantages(adv, torch.randn(8), mask, omega=0.0)
     assert torch.equal(tok[:, 0], adv) and torch.equal(tok[:, 1], torch.zeros(8))
     assert anchor_groups([0, 1], ["s0", "s0"]).tolist() == [0, 1]
 

@@ -3,7 +3,8 @@ bf16 computes what float32 does, within its precision (METHOD.md sections 2 and 
 import pytest
 import torch
 
-from rollout import load_policy, rows_logprobs, student_teacher_logprobs
+from infra.models import load_policy
+from rollout import rows_logprobs, student_teacher_logprobs
 from segments import build_row, build_teacher_row
 
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from advantage import policy_loss, sharpo_token_advantages
+from advantage import policy_loss, segment_gap, token_advantages
 
 
 def test_loss_by_hand():
@@ -42,9 +42,8 @@ def test_no_gradient_outside_segments_and_none_to_teacher():
     logp_old = -torch.rand(2, 5, generator=g)
     logp_new = (logp_old + 0.05 * torch.randn(2, 5, generator=g)).requires_grad_(True)
     logp_teacher = (logp_old + 0.3 * torch.randn(2, 5, generator=g)).requires_grad_(True)
-    seg = torch.tensor([[0, 0, 0, -1, -1], [0, 0, 0, 0, -1]])
-    adv = sharpo_token_advantages(torch.tensor([1.0, -1.0]), logp_teacher, logp_old, seg)
-    mask = seg >= 0
+    mask = torch.tensor([[True, True, True, False, False], [True, True, True, True, False]])
+    adv = token_advantages(torch.tensor([1.0, -1.0]), segment_gap(logp_teacher, logp_old, mask), mask)
     loss, _ = policy_loss(logp_new, logp_old, adv, mask, logp_ref=logp_old, kl_coef=0.1,
                           logp_teacher=logp_teacher, sdar_mask=mask, sdar_coef=0.5)
     loss.backward()

@@ -9,8 +9,8 @@ import train
 from envs.alfworld import AlfWorldEnv
 from infra import config
 from infra.cli import UserError
-from rollout import (ModelPolicy, build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, play_episodes, smollm2_folder,
-                     smollm2_gguf)
+from infra.models import build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, smollm2_folder, smollm2_gguf
+from rollout import ModelPolicy, play_episodes
 from stub_env import StubEnv
 from tiny_runs import flags
 
@@ -69,7 +69,7 @@ def test_an_unwritable_model_cache_reads_the_gguf_file(tmp_path, monkeypatch):
 def test_a_failed_conversion_is_tried_once_per_process(tmp_path, monkeypatch):
     """A conversion that fails (a full disk) falls back to the GGUF file once: the tokenizer's load
     and the model's load of one run do not convert twice, and the line is said once; no partial folder stays."""
-    import rollout
+    from infra import models
 
     monkeypatch.setenv("SHARPO_CACHE", str(tmp_path))
     tries = []
@@ -78,7 +78,7 @@ def test_a_failed_conversion_is_tried_once_per_process(tmp_path, monkeypatch):
         tries.append(1)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(rollout.AutoTokenizer, "from_pretrained", full_disk)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", full_disk)
     said = []
     assert smollm2_folder(announce=said.append) == smollm2_gguf()
     assert len(said) == 2 and "converting" in said[0] and "No space left" in said[1]
@@ -169,7 +169,7 @@ def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
 def test_dtype_auto_takes_bf16_on_a_cpu_only_with_amx(monkeypatch, amx, avx512_bf16, expected):
     """--dtype auto on a CPU: bf16 where AMX tiles are present; float32 on a CPU with AVX512-BF16 alone,
     where the demo's iteration measured 1.5x slower in bf16 (docs/scaling.md); a GPU always bf16."""
-    from rollout import resolve_dtype
+    from infra.models import resolve_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)

@@ -7,7 +7,7 @@ from PIL import Image
 
 import train
 from infra.cli import UserError
-from rollout import load_policy
+from infra.models import load_policy
 from stub_env import StubEnv
 from tools.plots import make_plots, multiplier_color, segments_html
 

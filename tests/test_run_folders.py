@@ -155,7 +155,7 @@ def test_non_utf8_bytes_in_a_log_are_dropped_at_resume(run2):
 def test_no_model_folder_with_custom_code_is_loaded(tmp_path):
     """A model folder whose config asks for custom code (auto_map) is refused before any
     transformers call that could ask to run it; so is a path that is neither a folder nor an id."""
-    from rollout import check_model_source, load_policy
+    from infra.models import check_model_source, load_policy
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -65,8 +65,8 @@ def test_resume_restores_every_saved_setting_and_refuses_changes(tmp_path):
 
 # After each stage of the loop (the Trainer method, wrapped here), and between the writes of the
 # run folder (checkpoint.crash_hook, called where infra/checkpoint.py writes).
-STAGES = {"rollout": "rollout", "segments": "make_rows", "teacher": "score", "advantage": "advantages",
-          "update": "update", "iteration done": "iteration"}
+STAGES = {"rollout": "rollout", "segments": "segments", "advantage": "advantage", "teacher": "teacher",
+          "credit": "credit", "update": "update", "iteration done": "iteration"}
 
 
 KILL_POINTS = list(STAGES) + ["metrics logged", "samples logged", "checkpoint written", "checkpoint renamed",
@@ -193,8 +193,8 @@ import train
 from infra.cli import run
 from tiny_runs import tiny_args, tiny_train
 out, calls, update = sys.argv[1], [], train.Trainer.update
-def update_then_wait(self, batch):
-    result = update(self, batch)
+def update_then_wait(self, *stages):
+    result = update(self, *stages)
     calls.append(1)
     if len(calls) == 2:  # iteration 2's update is done: say so, then wait for the signal
         pathlib.Path(out + ".ready").write_text("ready")
@@ -256,7 +256,7 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_n(tmp_path):
 def test_resuming_a_warm_started_run_past_pruned_checkpoints(tmp_path):
     """With a warm start, each checkpoint carries its copy; a resumed run keeps saving after the
     checkpoint it was resumed from has been pruned (keep 2, 4 iterations)."""
-    from rollout import load_policy
+    from infra.models import load_policy
 
     warm, _ = load_policy("tiny", lora_r=2, lora_alpha=4, seed=5)
     warm.save_pretrained(tmp_path / "warm")

@@ -1,8 +1,8 @@
-"""Training rows and segment means (METHOD.md, data layout)."""
+"""Training rows, the batch of rows stage 2 makes, and segment means (METHOD.md, data layout)."""
 import pytest
 import torch
 
-from segments import (
+from segments import (  # noqa: I001
     HINDSIGHT_HEADER,
     Row,
     action_token_mask,
@@ -12,8 +12,9 @@ from segments import (
     collate_rows,
     generation_prompt_ids,
     length_batches,
-    response_segment_ids,
-    segment_means,
+    action_masks,
+    make_rows,
+    response_masks,
     shared_prefix_len,
 )
 
@@ -41,7 +42,7 @@ def test_row_is_generation_prompt_then_response(which, request):
     prompt = _chat_template_ids(tok, MESSAGES)
     assert row.input_ids[: row.num_prompt] == prompt
     assert row.response_ids == response
-    assert row.segment_ids == [-1] * len(prompt) + [0] * len(response)
+    assert row.num_prompt == len(prompt) and row.response_ids == response
     # the generation prompt ends with the assistant header (ChatML on both templates)
     assert tok.decode(prompt[-8:]).endswith("<|im_start|>assistant\n")
 
@@ -56,7 +57,6 @@ def test_teacher_row_aligns_with_student(which, request):
     student = build_row(tok, MESSAGES, response)
     teacher = build_teacher_row(tok, MESSAGES, response, "This plan succeeded: look")
     assert teacher.response_ids == student.response_ids
-    assert teacher.segment_ids[teacher.num_prompt:] == student.segment_ids[student.num_prompt:]
     assert teacher.num_prompt > student.num_prompt
     # the shared prefix is the whole student context: only the assistant header (ChatML: "assistant\n"
     # after the turn-start token both rows have) is the student's own
@@ -73,10 +73,10 @@ def test_teacher_row_aligns_with_student(which, request):
 def test_shared_prefix_stops_before_either_prompt_ends():
     """The shared prefix is capped one token before the shorter prompt's end, so every response
     token is predicted by a position after it (even when one row's prompt is a prefix of the other's)."""
-    a = Row(input_ids=[1, 2, 3, 9, 9], segment_ids=[-1, -1, -1, 0, 0], num_prompt=3)
-    b = Row(input_ids=[1, 2, 3, 4, 5, 9, 9], segment_ids=[-1] * 5 + [0, 0], num_prompt=5)
+    a = Row(input_ids=[1, 2, 3, 9, 9], num_prompt=3)
+    b = Row(input_ids=[1, 2, 3, 4, 5, 9, 9], num_prompt=5)
     assert shared_prefix_len(a, b) == 2
-    c = Row(input_ids=[1, 7, 3, 4, 5, 9, 9], segment_ids=[-1] * 5 + [0, 0], num_prompt=5)
+    c = Row(input_ids=[1, 7, 3, 4, 5, 9, 9], num_prompt=5)
     assert shared_prefix_len(b, c) == 1
 
 
@@ -86,7 +86,7 @@ def test_add_hindsight_needs_a_user_message():
         add_hindsight([{"role": "system", "content": "s"}], "h")
 
 
-def test_collate_and_response_segment_ids(tiny_tokenizer):
+def test_collate_and_response_masks(tiny_tokenizer):
     """Right padding keeps every row's ids in place and records where responses start."""
     tok = tiny_tokenizer
     rows = [build_row(tok, MESSAGES[:2], [5, 6, 7]), build_row(tok, MESSAGES, [8])]
@@ -97,15 +97,15 @@ def test_collate_and_response_segment_ids(tiny_tokenizer):
         assert batch["attention_mask"][b].sum() == n
         assert batch["response_start"][b] == r.num_prompt
         assert batch["response_len"][b] == len(r.response_ids)
-    seg = response_segment_ids(batch["response_len"])
-    assert seg.tolist() == [[0, 0, 0], [0, -1, -1]]
+    mask = response_masks(batch["response_len"])
+    assert mask.tolist() == [[True, True, True], [True, False, False]]
 
 
 def test_length_batches_put_rows_of_similar_length_together():
     """Every picked row once, none other; micro-batches of at most `size` rows, sorted by length, so
     the padded tokens computed are fewer than in the order the rows came in."""
     lengths = [900, 300, 850, 320, 310, 880, 305, 890, 600]
-    rows = [Row(list(range(n)), [-1] * (n - 1) + [0], n - 1) for n in lengths]
+    rows = [Row(list(range(n)), n - 1) for n in lengths]
     picked = [0, 1, 2, 3, 4, 5, 6, 7]  # row 8 is not picked
     batches = length_batches(picked, rows, 4)
     assert sorted(b for part in batches for b in part) == picked
@@ -117,8 +117,43 @@ def test_length_batches_put_rows_of_similar_length_together():
     assert length_batches([], rows, 4) == [] and [len(p) for p in length_batches(list(range(9)), rows, 4)] == [4, 4, 1]
 
 
+def test_make_rows_cuts_each_step_and_marks_the_response(tiny_tokenizer):
+    """Stage 2: one row per step in trajectory order, the ids exactly those fed and sampled, a teacher
+    row only where the trajectory has hindsight, and response_mask True on each row's response."""
+    from segments import Step, Trajectory, generation_prompt_ids
+
+    tok = tiny_tokenizer
+    def step(text):
+        msgs = [{"role": "user", "content": text}]
+        return Step(msgs, generation_prompt_ids(tok, msgs), tok.encode(text)[:3], text, text, 0.0)
+    trajs = [Trajectory("t", 0, "x", [step("go to desk 1"), step("look")]), Trajectory("t", 0, "x", [step("inventory")])]
+    rows = make_rows(tok, trajs, ["a plan", None])
+    assert rows.traj.tolist() == [0, 0, 1] and rows.has_hindsight.tolist() == [True, True, False]
+    assert [r is not None for r in rows.teacher_rows] == [True, True, False]
+    assert rows.response_mask.tolist() == [[True] * 3, [True] * len(tok.encode("look")[:3]) + [False] * (
+        3 - len(tok.encode("look")[:3])), [True] * 3]
+    assert rows.gap_mask is None and not rows.gap_fallback.any()
+    trajs[0].steps[0].prompt_ids = trajs[0].steps[0].prompt_ids[1:]  # a prompt the template does not reproduce
+    with pytest.raises(ValueError, match="differ from the ids generate was fed"):
+        make_rows(tok, trajs, ["a plan", None])
+
+
+def test_action_only_gap_falls_back_to_the_whole_response_and_says_so(tiny_tokenizer):
+    """--gap-tokens action: a response without an <action> block (an invalid answer) is averaged over all
+    its tokens, never given a silent gap of 0 (multiplier 1), and marked as a fallback."""
+    tok = tiny_tokenizer
+    rows = [Row([1] + tok.encode("<think>x</think><action>look</action>"), 1), Row([1] + tok.encode("no tags at all"), 1)]
+    mask, fallback = action_masks(tok, rows, 20)
+    assert fallback.tolist() == [False, True]
+    assert 0 < mask[0].sum() < len(rows[0].response_ids)
+    assert mask[1].sum() == len(rows[1].response_ids)
+
+
 def test_segment_means_by_hand():
-    """Means over each segment's tokens; -1 tokens ignored; an empty segment gives 0."""
+    """(The verl bridge's rows may hold several segments.) Means over each segment's tokens; -1 tokens
+    ignored; an empty segment gives 0."""
+    from verl_bridge.verl_sharpo import segment_means
+
     values = torch.tensor([[1.0, 3.0, 10.0, 100.0], [2.0, 4.0, 6.0, 8.0]])
     seg = torch.tensor([[0, 0, 2, -1], [-1, -1, -1, -1]])
     out = segment_means(values, seg)
@@ -130,6 +165,8 @@ def test_segment_means_by_hand():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_segment_means_matches_loop(seed):
     """The vectorized mean equals an obvious Python loop on random ids."""
+    from verl_bridge.verl_sharpo import segment_means
+
     g = torch.Generator().manual_seed(seed)
     B, T, S = 4, 17, 5
     values = torch.randn(B, T, generator=g)

@@ -4,12 +4,15 @@ or SDAR term reads it, no student pass and no place in the update. That must cha
 import pytest
 import torch
 
+from types import SimpleNamespace
+
 import train
 from advantage import ALGORITHMS
 from infra import metrics
-from rollout import load_policy
+from infra.models import load_policy
 from stub_env import StubEnv
 from tiny_runs import flags
+from tools.bench import BenchTrainer
 
 torch.set_num_threads(1)
 
@@ -25,20 +28,21 @@ def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None, **kw):
                minibatches=64, ppo_epochs=2,  # one row a minibatch: some minibatches hold only skipped rows
                output_dir=str(tmp_path / "run")), **kw}))
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
-    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    trainer = BenchTrainer(args, model=model, tokenizer=tok, env=StubEnv(2))
     trainer.skip_rows = skip
     if trajs is None:
-        trajs, _ = trainer.rollout(1)
+        trajs = trainer.rollout(1)
         for traj, reward in zip(trajs, REWARDS):  # set the outcomes, so the test knows which groups tie
             for s in traj.steps:
                 s.reward = 0.0
             traj.steps[-1].reward = reward
-    batch = trainer.make_rows(trajs)
-    trainer.advantages(batch)
-    trainer.score(batch)
-    trainer.credit(batch)
-    stats = trainer.update(batch)
+    rows = trainer.segments(trajs)
+    adv = trainer.advantage(trajs, rows)
+    logp = trainer.teacher(rows, adv)
+    credit = trainer.credit(rows, adv, logp)
+    stats = trainer.update(rows, adv, logp, credit)
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    batch = SimpleNamespace(trajs=trajs, rows=rows, adv=adv, logp=logp, credit=credit, update=stats)
     return trajs, batch, stats, weights, trainer
 
 
@@ -47,53 +51,58 @@ def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None, **kw):
 def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
     trajs, full, full_stats, full_w, _ = one_update(tmp_path / "all", algo, kl, skip=False)
     _, part, part_stats, part_w, _ = one_update(tmp_path / "skip", algo, kl, skip=True, trajs=trajs)
-    tied = torch.tensor([trajs[i].group != 1 for i, _ in part.steps])  # (B,) rows of the tied groups
+    tied = torch.tensor([trajs[i].group != 1 for i in part.rows.traj.tolist()])  # (B,) rows of the tied groups
     assert tied.any() and (~tied).any()
     # the same advantages, the same weights after the update, the same update statistics; the
     # advantages up to float rounding only: the student+teacher pass pads each micro-batch to its own
     # widest context (rollout.student_teacher_logprobs), so which rows share a micro-batch moves the last bits
-    assert torch.allclose(full.token_adv, part.token_adv, atol=1e-6, rtol=0)
-    assert torch.equal(full.token_adv == 0, part.token_adv == 0)  # and exactly the same rows move
+    assert torch.allclose(full.credit.token_adv, part.credit.token_adv, atol=1e-6, rtol=0)
+    assert torch.equal(full.credit.token_adv == 0, part.credit.token_adv == 0)  # and exactly the same rows move
     assert full_stats["update/optimizer_steps"] == part_stats["update/optimizer_steps"] > 0
     for n in full_w:  # 128 Adam steps at lr 1e-2 carry those last bits (~5e-7 in a log-prob) to ~3e-6
         assert torch.allclose(full_w[n], part_w[n], atol=1e-5, rtol=0), n
     start = {n: p for n, p in load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)[0].named_parameters() if p.requires_grad}
     assert any(not torch.allclose(start[n], part_w[n]) for n in part_w), "the update moved nothing: the test is vacuous"
-    for k in full_stats:
-        assert part_stats[k] == pytest.approx(full_stats[k], abs=1e-6), k
+    for k in full_stats:  # approx_kl_old is the mean over the tokens in the loss: without skipping, every row's
+        if k != "update/approx_kl_old":
+            assert part_stats[k] == pytest.approx(full_stats[k], abs=1e-6), k
     if ALGORITHMS[algo].teacher:  # and the teacher metrics a run logs
-        m_full, m_part = metrics.teacher_metrics(full, algo, 0.2), metrics.teacher_metrics(part, algo, 0.2)
+        m_full, m_part = (metrics.teacher_metrics(metrics.Stages(b.trajs, b.rows, b.adv, b.logp, b.credit, b.update,
+                                                                 None, None), algo, 0.2) for b in (full, part))
         assert m_full.keys() == m_part.keys()
         for k in m_full:
             assert m_part[k] == pytest.approx(m_full[k], abs=1e-6), k
-    assert full.skipped == {"student": 0, "teacher": 0}
+    assert full.adv.in_loss.all() and torch.equal(full.adv.taught, full.rows.has_hindsight & ALGORITHMS[algo].teacher)
 
 
 @pytest.mark.parametrize("kl", [0.0, 0.01])
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, kl):
-    _, batch, _, _, _ = one_update(tmp_path, algo, kl, skip=True)
+    _, batch, _, _, trainer = one_update(tmp_path, algo, kl, skip=True)
+    adv, rows, logp = batch.adv, batch.rows, batch.logp
     spec = ALGORITHMS[algo]
     if spec.step_groups:  # GiGPO's Ahat = A_i + omega * A_step
-        zero = (batch.adv_row + batch.step_adv) == 0
+        zero = (adv.row + adv.step) == 0
     else:
-        zero = batch.adv_row == 0
+        zero = adv.row == 0
     assert zero.any() and (~zero).any()
     reads_all = kl > 0 or spec.sdar  # the KL and SDAR terms act on rows whose Ahat is 0
     expected_student = torch.zeros_like(zero) if reads_all else zero
-    assert batch.skipped["student"] == int(expected_student.sum())
-    assert torch.equal(~batch.in_loss, expected_student)
+    assert torch.equal(~adv.in_loss, expected_student)
+    line = metrics.iteration_metrics(metrics.Stages(batch.trajs, rows, adv, logp, batch.credit, batch.update,
+                                                    metrics.Stopwatch(), trainer.actor), trainer.args, trainer.dist, 1)
+    assert line["skipped/student"] == int(expected_student.sum())
     if spec.teacher:
-        expected_teacher = batch.has_hindsight & (torch.zeros_like(zero) if spec.sdar else zero)
-        assert batch.skipped["teacher"] == int(expected_teacher.sum())
-        assert torch.equal(batch.taught, batch.has_hindsight & ~expected_teacher)
+        expected_teacher = rows.has_hindsight & (torch.zeros_like(zero) if spec.sdar else zero)
+        assert line["skipped/teacher"] == int(expected_teacher.sum())
+        assert torch.equal(adv.taught, rows.has_hindsight & ~expected_teacher)
     # a skipped row's log-probs were never computed (0), a scored row's were (< 0)
-    tokens = batch.segment_ids >= 0
-    assert (batch.logp_student[~batch.in_loss] == 0).all()
-    assert (batch.logp_student[batch.in_loss][tokens[batch.in_loss]] < 0).all()
+    tokens = rows.response_mask
+    assert (logp.student[~adv.in_loss] == 0).all()
+    assert (logp.student[adv.in_loss][tokens[adv.in_loss]] < 0).all()
     if spec.teacher:
-        left = batch.has_hindsight & ~batch.taught & batch.in_loss  # scored as student, not as teacher
-        assert torch.equal(batch.logp_teacher[left], batch.logp_student[left])
+        left = rows.has_hindsight & ~adv.taught & adv.in_loss  # scored as student, not as teacher
+        assert torch.equal(logp.teacher[left], logp.student[left])
 
 
 def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
@@ -108,8 +117,8 @@ def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "policy_loss", spy)
     _, batch, _, _, _ = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)  # one minibatch
-    assert batch.skipped["student"] > 0
-    assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows)}
+    assert (~batch.adv.in_loss).sum() > 0
+    assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows.rows)}
 
 
 def test_bench_times_both_ways_at_half_the_groups_tied(tmp_path):
@@ -131,7 +140,7 @@ def test_bench_times_the_old_way_beside_the_new(tmp_path, monkeypatch):
     one in the resolved --dtype; both time a teacher pass (medians of 2 repeats; way by way, the
     algorithms in turn, A B then B A), and the ratios are reported, SHARPO / GRPO also per repeat."""
     from tools import bench
-    from rollout import resolve_dtype
+    from infra.models import resolve_dtype
 
     order, timed = [], bench.timed_iteration
     monkeypatch.setattr(bench, "timed_iteration", lambda trainer: order.append(trainer) or timed(trainer))
@@ -150,7 +159,8 @@ def test_bench_times_the_old_way_beside_the_new(tmp_path, monkeypatch):
 
 def test_samples_show_the_trajectories_that_move_first_and_null_where_the_teacher_was_not_asked(tmp_path):
     _, batch, _, _, trainer = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)
-    records = metrics.sample_records(batch, trainer.tokenizer, 12, 1)
+    stages = metrics.Stages(batch.trajs, batch.rows, batch.adv, batch.logp, batch.credit, batch.update, None, None)
+    records = metrics.sample_records(stages, trainer.tokenizer, 12, 1)
     moving = [r for r in records if r["advantage"] != 0]
     assert moving and records[: len(moving)] == moving  # those whose advantage is not 0 come first
     assert all(isinstance(s["gap"], float) and s["token_delta"] for r in moving for s in r["segments"])

@@ -10,7 +10,8 @@ from advantage import ALGORITHMS
 from envs import draw_tasks
 from infra import metrics
 from infra.cli import UserError
-from rollout import ModelPolicy, load_policy, play_episodes, response_logprobs
+from infra.models import load_policy
+from rollout import ModelPolicy, play_episodes, response_logprobs
 from segments import build_row, collate_rows
 from stub_env import StubEnv
 from tiny_runs import flags
@@ -126,12 +127,16 @@ def test_samples_skip_an_episode_that_has_no_steps():
     step = Step([{"role": "user", "content": "Current observation: a room\nAdmissible actions: look"}], [1, 2], [3, 4],
                 "<action>look</action>", "look", 0.0)
     crashed, played = Trajectory("t0", 0, "x", hindsight="plan"), Trajectory("t1", 0, "x", steps=[step], hindsight="plan")
-    batch = SimpleNamespace(trajs=[crashed, played], steps=[(1, step)], rows=[Row([1, 2, 3, 4], [-1, -1, 0, 0], 2)],
-                            moves=torch.tensor([False]), taught=torch.tensor([False]), has_hindsight=torch.tensor([True]),
-                            logp_student=torch.zeros(1, 2), logp_teacher=torch.zeros(1, 2), gaps=torch.zeros(1),
-                            mults=torch.ones(1), step_adv=None, adv_row=torch.zeros(1))
+    from segments import Advantages, Credit, LogProbs, Rows
+
+    rows = Rows(torch.tensor([1]), [step], [Row([1, 2, 3, 4], 2)], [None], torch.ones(1, 2, dtype=torch.bool), None,
+                torch.zeros(1, dtype=torch.bool), torch.tensor([True]))
+    no = torch.tensor([False])
+    adv = Advantages(torch.zeros(1), None, None, no, no, no)
+    stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2), None),
+                            Credit(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), {}, None, None)
     tok = SimpleNamespace(decode=lambda ids: "t")
-    records = metrics.sample_records(batch, tok, 2, 1)
+    records = metrics.sample_records(stages, tok, 2, 1)
     assert [r["task_id"] for r in records] == ["t1"] and records[0]["segments"][0]["multiplier"] is None
 
 
@@ -240,23 +245,26 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
                                    output_dir=str(tmp_path / "r")))
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
-    trajs, _ = trainer.rollout(1)
-    batch = trainer.make_rows(trajs)
-    trainer.advantages(batch)
-    batch.adv_row = torch.where(batch.adv_row == 0, torch.ones_like(batch.adv_row), batch.adv_row)
-    batch.moves = batch.in_loss = torch.ones_like(batch.has_hindsight)  # every row carries credit
-    batch.taught = batch.has_hindsight & ALGORITHMS[algo].teacher  # so the teacher scores every hindsight row
-    trainer.score(batch)
+    trajs = trainer.rollout(1)
+    rows = trainer.segments(trajs)
+    adv = trainer.advantage(trajs, rows)
+    adv.row = torch.where(adv.row == 0, torch.ones_like(adv.row), adv.row)
+    adv.moves = adv.in_loss = torch.ones_like(rows.has_hindsight)  # every row carries credit
+    adv.taught = rows.has_hindsight & ALGORITHMS[algo].teacher  # so the teacher scores every hindsight row
+    logp = trainer.teacher(rows, adv)
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
-        batch.logp_teacher = batch.logp_teacher + torch.linspace(-0.5, 0.5, batch.logp_teacher.shape[1])
-    trainer.credit(batch)
-    m = metrics.teacher_metrics(batch, algo, args.mult_eps)
-    sel = batch.has_hindsight & (batch.adv_row != 0)
+        logp.teacher = logp.teacher + torch.linspace(-0.5, 0.5, logp.teacher.shape[1])
+    credit = trainer.credit(rows, adv, logp)
+    m = metrics.teacher_metrics(metrics.Stages(trajs, rows, adv, logp, credit, {}, None, None), algo, args.mult_eps)
+    sel = rows.has_hindsight & (adv.row != 0)
     if algo == "sharpo":
-        assert m["mult_mean"] == pytest.approx(float(batch.mults[sel].mean()))
+        assert m["mult_mean"] == pytest.approx(float(credit.mults[sel].mean()))
     elif algo == "rlsd":
-        tokens = batch.token_mults[sel][batch.segment_ids[sel] >= 0]
+        delta = logp.teacher - logp.student  # RLSD's multiplier, token by token, written out here
+        per_token = torch.exp(torch.sign(adv.row)[:, None] * delta).clamp(1 - args.mult_eps, 1 + args.mult_eps)
+        tokens = per_token[sel][rows.response_mask[sel]]
         assert m["mult_mean"] == pytest.approx(float(tokens.mean()))
+        assert m["mult_mean"] != pytest.approx(float(credit.mults[sel].mean()))  # not the segment view
     else:
         assert "mult_mean" not in m
 
@@ -296,15 +304,15 @@ def test_shuffle_rewards_hands_the_same_advantages_to_other_episodes(tmp_path):
                                       output_dir=str(tmp_path / f"r{shuffle}")) + ["--shuffle-rewards"] * shuffle)
         model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
         trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
-        trajs, _ = trainer.rollout(1)
+        trajs = trainer.rollout(1)
         for i, t in enumerate(trajs):  # rewards that differ within each group
             for k, step in enumerate(t.steps):
                 step.reward = float(i % 4) if k == 0 else 0.0
-        batch = trainer.make_rows(trajs)
-        trainer.advantages(batch)
+        rows = trainer.segments(trajs)
+        adv = trainer.advantage(trajs, rows)
         first = {}  # each trajectory's advantage, from its first row
-        for row, (i, _) in enumerate(batch.steps):
-            first.setdefault(i, float(batch.adv_row[row]))
+        for row, i in enumerate(rows.traj.tolist()):
+            first.setdefault(i, float(adv.row[row]))
         return [first[i] for i in sorted(first)], [t.reward for t in trajs], [t.group for t in trajs]
 
     real, rewards, groups = advantages_of(False)

@@ -98,7 +98,7 @@ def test_webshop_rows_teach_valid_answers_that_fit_the_demo(webshop, smollm2_tok
 def test_webshop_reading_check_runs_on_the_tiny_model(webshop):
     """The check (--check) on two test goals with the tiny model: it measures both effects and a
     valid rate by the env's own rule (a random-weight model writes no valid answer)."""
-    from rollout import load_policy
+    from infra.models import load_policy
 
     model, tok = load_policy("tiny", seed=0, dtype="fp32")
     model.eval()
@@ -115,7 +115,7 @@ def test_row_batches_cover_every_row_once_and_by_length_groups_similar_rows():
     from segments import Row
     from tools.warmstart import row_batches
 
-    rows = [Row([1] * n, [-1] * n, n - 1) for n in random.Random(1).choices(range(5, 900), k=41)]
+    rows = [Row([1] * n, n - 1) for n in random.Random(1).choices(range(5, 900), k=41)]
     random.seed(0)
     order = list(range(len(rows)))
     batches = row_batches(rows, order, 4, True)

@@ -47,7 +47,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import rollout  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
+import infra.models  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
 # isort: split
 import torch
 from peft import LoraConfig, get_peft_model
@@ -56,8 +56,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import train
 from envs import EnvStep, make_env, resolve_workers
 from eval import RandomPolicy
+from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
-from rollout import LORA_TARGETS, build_tiny_tokenizer, load_policy, resolve_dtype
+from infra.models import LORA_TARGETS, build_tiny_tokenizer, load_policy, resolve_dtype
+from rollout import rows_logprobs
+from segments import LogProbs
 
 
 @dataclass
@@ -196,6 +199,48 @@ def bench_env(args: BenchArgs) -> dict:
     return {"workers": n, "results": results, "ratio": ratio}
 
 
+class BenchTrainer(train.Trainer):
+    """train.Trainer with its two shortcuts switchable, to time each and to test that neither changes the update.
+
+    skip_rows = False: every row is scored and sits in the update (train.py leaves out the rows whose Ahat
+    is 0, whose policy-gradient term is exactly 0); reuse_context = False: each teacher row is computed
+    whole, not continued from its student row's context cache."""
+
+    skip_rows, reuse_context = True, True
+
+    def advantage(self, trajs, rows):
+        adv = super().advantage(trajs, rows)
+        if not self.skip_rows:
+            adv.in_loss = torch.ones_like(adv.in_loss)  # every row in the student pass and the update
+            adv.taught = rows.has_hindsight & self.algo.teacher  # every row with hindsight in the teacher pass
+        return adv
+
+    def teacher(self, rows, adv, watch=None):
+        if self.reuse_context:
+            return super().teacher(rows, adv, watch)
+        args, T = self.args, rows.response_mask.shape[1]
+        self.model.eval()
+        with metrics.timed(watch, "student"):
+            student = rows_logprobs(self.model, rows.rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
+                                    only=adv.in_loss)  # (B, T)
+        with metrics.timed(watch, "teacher"):
+            teacher = rows_logprobs(self.model, rows.teacher_rows, self.pad_id, args.micro_batch_rows,
+                                    args.temperature, T, only=adv.taught)  # (B, T) each teacher row whole
+        ref = None
+        if args.kl_coef > 0:
+            with metrics.timed(watch, "reference"), self.model.disable_adapter():
+                ref = rows_logprobs(self.model, rows.rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
+                                    only=adv.in_loss)  # (B, T)
+        return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)
+
+
+def forced_lengths(trainer, new_tokens: int):
+    """Every response exactly `new_tokens` long (end-of-turn blocked until then): the same work for every
+    algorithm, for timing only (off-policy: never in training)."""
+    trainer.actor.config.min_new_tokens = new_tokens
+    return trainer
+
+
 def timed_iteration(trainer) -> dict:
     """One timed training iteration: its seconds per stage, tokens, memory and skipped rows."""
     if torch.cuda.is_available():
@@ -264,9 +309,8 @@ def main(argv: list[str] | None = None) -> dict:
                          micro_batch_rows=args.micro_batch_rows, kl_coef=args.kl_coef, hindsight="expert",
                          eval_every=0, iterations=2, output_dir="/tmp/sharpo-bench")
             targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
-            targs.min_new_tokens = args.new_tokens  # forced lengths: fine for timing, refused by train.py's flags
-            trainer = train.Trainer(targs, model=model, tokenizer=tokenizer,
-                                    env=SyntheticEnv(args.steps, args.obs_words, args.group_size, args.tied_groups))
+            trainer = forced_lengths(BenchTrainer(targs, model=model, tokenizer=tokenizer, env=SyntheticEnv(
+                args.steps, args.obs_words, args.group_size, args.tied_groups)), args.new_tokens)
             trainer.skip_rows, trainer.reuse_context = setting["skip_rows"], setting["reuse_context"]
             trainers[f"{way} {algo}"] = (dtype, trainer)
     timings = {name: [] for name in trainers}

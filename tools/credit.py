@@ -63,14 +63,15 @@ from typing import Literal
 import numpy as np
 import torch
 
-from advantage import gigpo_step_advantages, grpo_advantages, segment_multipliers, token_multipliers
+from advantage import gigpo_step_advantages, grpo_advantages, rlsd_multipliers, segment_gap, segment_multipliers
 from envs import history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import WARMSTART
-from rollout import ModelPolicy, load_policy, play_episodes, resolve_dtype, rows_logprobs
+from infra.models import load_policy, resolve_dtype
+from rollout import ModelPolicy, play_episodes, rows_logprobs
 from segments import (
     EXPERT_HEADLINE,
     Trajectory,
@@ -78,7 +79,7 @@ from segments import (
     build_row,
     build_teacher_row,
     format_plan,
-    response_segment_ids,
+    response_masks,
 )
 
 TEACHERS = ("plan", "other_task", "shuffled", "filler")  # the real hindsight, then the three placebos
@@ -209,28 +210,26 @@ def paired_difference(a, b, labels, cluster_of, n: int, seed: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- scores
-def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], segment_ids: torch.Tensor,
+def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], response_mask: torch.Tensor,
                 action_mask: torch.Tensor, sign: torch.Tensor, mult_eps: float) -> dict[str, torch.Tensor]:
     """Every teacher score of every step, oriented so that higher = more weight on that step,
     from advantage.py's own functions (METHOD.md sections 3-4).
 
     logp_student (B, T) and each logp_teachers[name] (B, T): log-probs of the sampled tokens;
-    segment_ids (B, T): 0 on the segment's tokens, -1 elsewhere; action_mask (B, T): tokens inside
-    <action>; sign (B,): -1 on steps of failed episodes (blame), +1 on won ones (credit), which is
+    response_mask (B, T): True on the segment's tokens; action_mask (B, T): tokens inside
+    <action> (the whole response where there is none); sign (B,): -1 on steps of failed episodes (blame), +1 on won ones (credit), which is
     all of A that the multiplier reads. Returns, (B,) each: "<teacher>/all" and "<teacher>/action"
     (SHARPO's segment multiplier, the gap over those tokens), "<teacher>/rlsd" (the mean of RLSD's
     per-token multipliers) and "<teacher>/gap" (g itself, all tokens)."""
     out = {}
-    in_segment = segment_ids >= 0  # (B, T)
     for name, logp_teacher in logp_teachers.items():
         for tokens, mask in (("all", None), ("action", action_mask)):
-            gaps, mults = segment_multipliers(sign, logp_teacher, logp_student, segment_ids, mult_eps, "exp", mask,
-                                              num_segments=1)  # (B, 1), (B, 1)
-            out[f"{name}/{tokens}"] = mults[:, 0]  # (B,)
+            gaps = segment_gap(logp_teacher, logp_student, response_mask, mask)  # (B,)
+            out[f"{name}/{tokens}"] = segment_multipliers(sign, gaps, mult_eps)  # (B,)
             if tokens == "all":
-                out[f"{name}/gap"] = gaps[:, 0]  # (B,)
-        per_token = token_multipliers(sign, logp_teacher, logp_student, segment_ids, mult_eps, "token")  # (B, T)
-        out[f"{name}/rlsd"] = (per_token * in_segment).sum(1) / in_segment.sum(1).clamp(min=1)  # (B,)
+                out[f"{name}/gap"] = gaps  # (B,)
+        per_token = rlsd_multipliers(sign, logp_teacher, logp_student, mult_eps)  # (B, T)
+        out[f"{name}/rlsd"] = (per_token * response_mask).sum(1) / response_mask.sum(1).clamp(min=1)  # (B,)
     return out
 
 
@@ -344,8 +343,8 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     rows = [build_row(tokenizer, s.messages, s.response_ids) for _, _, s in steps_kept]
     T = max(len(r.response_ids) for r in rows)
     lengths = torch.tensor([len(r.response_ids) for r in rows])  # (B,)
-    segment_ids = response_segment_ids(lengths, T)  # (B, T) 0 on the response, -1 on padding
-    action_mask = action_masks(tokenizer, rows, T)  # (B, T) tokens inside <action>
+    response_mask = response_masks(lengths, T)  # (B, T) True on the response, False on padding
+    action_mask = action_masks(tokenizer, rows, T)[0]  # (B, T) tokens inside <action> (none: the whole response)
     mb, pad = args.micro_batch_rows, tokenizer.pad_token_id
     logp_student = rows_logprobs(model, rows, pad, mb, args.temperature, T, desc="student")  # (B, T)
     logp_teachers = {}
@@ -357,8 +356,8 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
                                             desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
-    scores = step_scores(logp_student, logp_teachers, segment_ids, action_mask, sign, args.mult_eps)
-    surprise = -(logp_student * (segment_ids >= 0)).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
+    scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.mult_eps)
+    surprise = -(logp_student * response_mask).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
     plan_words = {t: {a.lower() for a in blocks[t]["plan"]} for t in blocks}
     not_in_plan = torch.tensor([float(s.action is None or s.action.lower() not in plan_words[trajs[i].task_id])
                                 for i, _, s in steps_kept])  # (B,)

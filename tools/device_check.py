@@ -30,13 +30,14 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 
-import rollout  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
+import infra.models  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
 # isort: split
 import torch
 
 from infra.cli import UserError, parse_dataclass, run
 from infra.metrics import peak_memory_gb
-from rollout import load_policy, response_logprobs, sampling_config
+from infra.models import load_policy
+from rollout import autocast, response_logprobs, sampling_config
 from segments import Row, collate_rows
 
 
@@ -106,11 +107,12 @@ def decode_rate(model, tokenizer, device: str, batch: int, args: DeviceCheckArgs
     """Generated tokens/s of one batched `generate` of `batch` prompts, lengths forced."""
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.tensor([random_ids(args.prompt_tokens, vocab, gen) for _ in range(batch)], device=device)
-    config = sampling_config(tokenizer, model, args.new_tokens, 1.0, min_new_tokens=args.new_tokens)
+    config = sampling_config(tokenizer, model, args.new_tokens, 1.0)
+    config.min_new_tokens = args.new_tokens  # forced lengths: timing only
     model.eval()
 
     def call():
-        with torch.no_grad(), rollout.autocast(model):
+        with torch.no_grad(), autocast(model):
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
 
     return batch * args.new_tokens / best_seconds(call, args.repeats)
@@ -120,7 +122,7 @@ def pass_rates(model, tokenizer, device: str, args: DeviceCheckArgs, gen) -> dic
     """Tokens/s of the no-grad student pass and of one forward + backward over the same rows."""
     vocab = model.get_input_embeddings().weight.shape[0]
     prompt = args.row_tokens - args.response_tokens
-    rows = [Row(ids, [-1] * prompt + [0] * args.response_tokens, prompt)
+    rows = [Row(ids, prompt)
             for ids in (random_ids(args.row_tokens, vocab, gen) for _ in range(args.rows))]
     batch = {k: v.to(device) for k, v in collate_rows(rows, tokenizer.pad_token_id).items()}
     tokens = args.rows * args.row_tokens
@@ -144,7 +146,7 @@ def pass_rates(model, tokenizer, device: str, args: DeviceCheckArgs, gen) -> dic
 def iteration_stages(model, tokenizer, args: DeviceCheckArgs) -> dict:
     """Seconds per stage of one train.py iteration (SHARPO) on tools.bench's synthetic env."""
     import train
-    from tools.bench import SyntheticEnv, timed_iteration
+    from tools.bench import SyntheticEnv, forced_lengths, timed_iteration
 
     group_size = 4
     flags = dict(preset="none", model=args.model, algo="sharpo", groups=max(1, args.iteration_episodes // group_size),
@@ -152,9 +154,8 @@ def iteration_stages(model, tokenizer, args: DeviceCheckArgs) -> dict:
                  dtype="bf16" if args.model == "qwen7b-shape" else "fp32", kl_coef=0.0, hindsight="expert",
                  eval_every=0, iterations=2, output_dir="/tmp/sharpo-device-check")
     targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
-    targs.min_new_tokens = args.iteration_new_tokens  # forced lengths: fine for timing, refused by train.py's flags
     env = SyntheticEnv(args.iteration_steps, args.iteration_obs_words, group_size, 0.5)
-    trainer = train.Trainer(targs, model=model, tokenizer=tokenizer, env=env)
+    trainer = forced_lengths(train.Trainer(targs, model=model, tokenizer=tokenizer, env=env), args.iteration_new_tokens)
     return timed_iteration(trainer)  # no warm-up: the decode and pass parts above warmed the kernels
 
 

@@ -56,7 +56,8 @@ from envs import history_length, make_env
 from eval import fill_query, pick_games
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import CPU_DEMO_PER_ENV
-from rollout import ModelPolicy, load_policy, resolve_dtype, response_logprobs, save_adapter
+from infra.models import load_policy, resolve_dtype, save_adapter
+from rollout import ModelPolicy, response_logprobs
 from segments import (EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan,
                       length_batches)
 

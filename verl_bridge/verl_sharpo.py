@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: advantage.py, segments.py
 
-from advantage import grpo_advantages, moving_rows, sharpo_token_advantages  # noqa: E402
+from advantage import (check_mixing, grpo_advantages, mix, moving_rows, rlsd_token_advantages,  # noqa: E402
+                       segment_multipliers)
 from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
 
 
@@ -46,6 +47,39 @@ def runs_of_ones(response_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, ids, torch.full_like(ids, -1))  # (B, T)
 
 
+def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: int | None = None) -> torch.Tensor:
+    """Mean of `values` over each segment's tokens: out[b, s] = mean_{t: seg[b,t]=s} values[b, t].
+
+    values (B, T) float, segment_ids (B, T) long with -1 = no segment. Returns (B, S) with
+    S = num_segments or max id + 1; an empty segment gives 0, never NaN. (train.py's rows hold one
+    segment each, so advantage.segment_gap takes a mask; a per-trajectory verl sample holds several.)
+    """
+    B, T = values.shape
+    S = max(int(segment_ids.max().item()) + 1 if num_segments is None else num_segments, 1)
+    in_segment = segment_ids >= 0  # (B, T) True = token belongs to some segment
+    index = segment_ids.clamp(min=0)  # (B, T) -1 parked at 0, then zeroed by the mask below
+    vals = torch.where(in_segment, values, torch.zeros_like(values))  # (B, T)
+    sums = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(1, index, vals)  # (B, S)
+    counts = torch.zeros(B, S, dtype=values.dtype, device=values.device).scatter_add(
+        1, index, in_segment.to(values.dtype))  # (B, S)
+    return sums / counts.clamp(min=1)  # (B, S) empty segment: 0 / 1 = 0
+
+
+def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
+                     segment_ids: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2, shape: str = "exp",
+                     granularity: str = "segment") -> torch.Tensor:
+    """Ahat (B, T) for rows that may hold several segments (segment_ids (B, T), -1 off them): each
+    segment's gap (METHOD.md Eq. 2-3), its multiplier and the mixing (Eq. 4-5) by advantage.py's
+    functions; granularity "token" is RLSD (Eq. 8)."""
+    response_mask = segment_ids >= 0  # (B, T)
+    if granularity == "token":
+        return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, mult_eps)
+    check_mixing(lam, mult_eps)
+    gaps = segment_means((logp_teacher - logp_student).detach(), segment_ids)  # (B, S) g of each segment
+    mults = segment_multipliers(adv[:, None], gaps, mult_eps, shape)  # (B, S) m of each segment
+    return mix(adv, mults.gather(1, segment_ids.clamp(min=0)), response_mask, lam)  # (B, T) each token its segment's
+
+
 def _labels(values) -> torch.Tensor:
     """Any hashable labels (numpy object arrays of uid strings) -> (N,) long ids."""
     index: dict = {}
@@ -57,12 +91,11 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
                       mask_key: str = "response_mask") -> torch.Tensor:
     """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, mult_eps, shape and
-    granularity as in advantage.sharpo_token_advantages (shape="sigmoid": StepOPSD,
-    granularity="token": RLSD)."""
+    granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD)."""
     adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key)  # (B,), (B, T)
     batch = data.batch
-    return sharpo_token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
-                                   lam=lam, mult_eps=mult_eps, granularity=granularity, shape=shape)
+    return token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
+                            lam=lam, mult_eps=mult_eps, shape=shape, granularity=granularity)
 
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",

@@ -9,16 +9,20 @@ What stays the same as --rollout hf (METHOD.md section 7):
     its samples are kept only to log how far they are from the trainer's (`rollout/logp_diff_*`,
     as verl logs its rollout-vs-trainer difference), so that a mismatch is seen, not guessed.
 
-How the adapter reaches the engine: the engine starts once per run on the base weights (with a
-warm start, the warm-started base, saved once as a model folder; a 4-bit run serves the model
-itself with vLLM's bitsandbytes loader). Before each rollout the trainer saves the LoRA adapter
-it has now and the engine serves it as a new `LoRARequest` (as OpenPipe ART does): the 4-bit
-weights are never merged into, and vLLM never serves a stale adapter (tested).
+How the adapter reaches the engine: the engine starts at the first rollout, once per run, on the
+base weights in the trainer's precision (with a warm start, the warm-started base, saved once as a
+model folder). A 4-bit (nf4) trainer has its base served in bf16 from the model's own name: vLLM
+0.33 has no bitsandbytes loader, so the rollout's policy is the bf16 base plus the adapter, the
+trainer's the nf4 base plus the same adapter, and the difference is logged (`rollout/logp_diff_*`)
+rather than hidden; docs/scaling.md gives its memory cost per card. Before each rollout the
+trainer saves the LoRA adapter it has now and the engine serves it as a new `LoRARequest` (as
+OpenPipe ART does): the base weights are never merged into, and vLLM never serves a stale adapter
+(tested).
 
 Installed apart (bash vllm_rollout/install_vllm.sh): vLLM pins transformers < 5.20 and torch.
 On CPU the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set below) and is for
 testing the integration, not for speed (docs/scaling.md). The GPU settings (--vllm-gpu-memory,
-sleep mode while training, 4-bit serving) are wired but have not yet run on a GPU.
+sleep mode while training, bf16 serving of a 4-bit trainer) are wired but have not yet run on a GPU.
 """
 from __future__ import annotations
 
@@ -27,14 +31,15 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, no spawned workers
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU (the default 4 is more than a test needs)
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
 
 import torch
 
-from infra.cli import UserError
-from rollout import default_model_name, sampling_config, save_adapter, until_end_of_turn
+from errors import UserError
+from rollout import sampling_config, until_end_of_turn
 from segments import generation_prompt_ids
 from vllm_rollout import missing
 
@@ -74,10 +79,11 @@ def _start_engine(**settings):
 
 
 class VLLMPolicy:
-    """An actor with ModelPolicy's `act`, decoding with one vLLM engine started once per run.
+    """An actor with ModelPolicy's `act`, decoding with one vLLM engine started at the first rollout.
 
     model: the trainer's peft model (its base weights are served; `serve` hands over the adapter);
-    folder: where the base folder and each served adapter are written (the run folder's vllm/).
+    folder: where the base folder and each served adapter are written (the run folder's vllm/);
+    base_name: the model's name (an HF id or folder), served in bf16 when the trainer's base is 4-bit.
     """
 
     def __init__(self, model, tokenizer, folder: str | os.PathLike, max_new_tokens: int, temperature: float,
@@ -88,43 +94,61 @@ class VLLMPolicy:
         self.tokenizer, self.folder = tokenizer, Path(folder)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.eos = sorted(sampling_config(tokenizer, model, max_new_tokens, temperature).eos_token_id)
-        cuda = torch.cuda.is_available()
-        load_in_4bit = bool(getattr(model.get_base_model(), "is_loaded_in_4bit", False))
-        if load_in_4bit:  # vLLM quantizes the model itself: nothing merged, nothing saved
-            source, quant = base_name or default_model_name(), "bitsandbytes"
-        else:
-            source, quant = str(save_base(model, self.folder / "base")), None
-        self.llm = _start_engine(
-            model=source, skip_tokenizer_init=True,  # ids in, ids out: the trainer's tokenizer is the only one
-            enable_lora=True, max_lora_rank=lora_r, max_loras=1,
-            dtype="bfloat16" if model.get_input_embeddings().weight.dtype == torch.bfloat16 or load_in_4bit
-            else "float32",
-            quantization=quant, seed=seed, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs",  # after the temperature, as the trainer computes them
-            **(dict(gpu_memory_utilization=gpu_memory, enable_sleep_mode=True) if cuda else {}),
-        )
-        self.sleeps, self.asleep = cuda, False  # on a GPU the engine frees its memory while the trainer computes
-        self.lora = None
+        self.four_bit = bool(getattr(model.get_base_model(), "is_loaded_in_4bit", False))
+        if self.four_bit and not base_name:
+            raise UserError("--rollout vllm with a 4-bit base serves that base in bf16 from its name: pass --model")
+        self.settings = dict(base_name=base_name, lora_r=lora_r, seed=seed, gpu_memory=gpu_memory,
+                             max_model_len=max_model_len)
+        self.llm, self.lora, self.asleep = None, None, False
+        self.sleeps = torch.cuda.is_available()  # on a GPU the engine frees its memory while the trainer computes
         self.tokens_generated = 0
         self.sampled: dict[tuple, list[float]] = {}  # (prompt ids, response ids) -> vLLM's log-prob of each token
+
+    def start(self, model) -> None:
+        """The engine, on the base weights: the 4-bit trainer's base from its name in bf16, else a saved copy."""
+        s = self.settings
+        if self.four_bit:  # vLLM 0.33 has no bitsandbytes loader: the base in bf16, the adapter on top
+            source, dtype = s["base_name"], "bfloat16"
+        else:
+            source = str(save_base(model, self.folder / "base"))
+            dtype = "bfloat16" if model.get_input_embeddings().weight.dtype == torch.bfloat16 else "float32"
+        self.llm = _start_engine(
+            model=source, skip_tokenizer_init=True,  # ids in, ids out: the trainer's tokenizer is the only one
+            enable_lora=True, max_lora_rank=s["lora_r"], max_loras=1, dtype=dtype, seed=s["seed"],
+            max_model_len=s["max_model_len"],
+            logprobs_mode="processed_logprobs",  # after the temperature, as the trainer computes them
+            **(dict(gpu_memory_utilization=s["gpu_memory"], enable_sleep_mode=True) if self.sleeps else {}),
+        )
+
+    @contextlib.contextmanager
+    def serving(self, model, iteration: int):
+        """One rollout of train.py: the adapter `model` holds now is served, and the engine rests after."""
+        self.serve(model, iteration)
+        try:
+            yield self
+        finally:
+            self.rest()
 
     def serve(self, model, iteration: int) -> None:
         """Serve the adapter `model` holds now (saved to folder/adapter-<iteration>) from the next act on."""
         from vllm.lora.request import LoRARequest
 
+        if self.llm is None:
+            self.start(model)
         path = self.folder / f"adapter-{iteration:06d}"
-        save_adapter(model, path)
+        model.save_pretrained(path, safe_serialization=True, save_embedding_layers=False)  # the LoRA weights only
         if self.lora is not None:
             shutil.rmtree(self.lora.lora_path, ignore_errors=True)  # the adapter served before: never again
         self.lora = LoRARequest(f"iter-{iteration}", iteration, str(path))  # a new id: vLLM loads it afresh
         if self.asleep:
+            torch.cuda.empty_cache()  # the trainer's cached blocks go back to the GPU before vLLM takes its share
             self.llm.wake_up()
             self.asleep = False
         self.tokens_generated, self.sampled = 0, {}
 
     def rest(self) -> None:
         """The rollout is over: on a GPU, free the engine's memory (weights kept in host memory) for the update."""
-        if self.sleeps:
+        if self.sleeps and self.llm is not None:
             self.llm.sleep(level=1)
             self.asleep = True
 
@@ -150,15 +174,15 @@ class VLLMPolicy:
             results.append((p, response, self.tokenizer.decode(response, skip_special_tokens=True)))
         return results
 
-    def metrics(self, batch) -> dict:
+    def metrics(self, rows, logp) -> dict:
         """rollout/logp_diff_mean and _max: |vLLM's log-prob - the trainer's logp_student| over the
-        sampled tokens of the rows the student pass computed."""
+        sampled tokens of the rows the student pass computed (train.py's Rows and LogProbs)."""
         diffs = []
-        for b, row in enumerate(batch.rows):
+        for b, row in enumerate(rows.rows):
             logps = self.sampled.get((tuple(row.input_ids[: row.num_prompt]), tuple(row.response_ids)))
-            if logps is None or not bool(batch.logp_student[b].any()):
+            if logps is None or not bool(logp.student[b].any()):
                 continue  # a row the student pass left out (its Ahat is 0)
-            trainer = batch.logp_student[b, : len(logps)]
+            trainer = logp.student[b, : len(logps)]
             diffs.append((torch.tensor(logps) - trainer).abs())
         if not diffs:
             return {}

@@ -13,7 +13,8 @@ torch.set_num_threads(1)
 
 from verl import DataProto  # noqa: E402  (the real package: these tests need it)
 
-from advantage import grpo_advantages, sharpo_token_advantages  # noqa: E402
+from advantage import (grpo_advantages, rlsd_token_advantages, segment_gap, segment_multipliers,  # noqa: E402
+                       token_advantages)
 from verl_bridge.verl_sharpo import hindsight_messages, needs_teacher, runs_of_ones, sharpo_advantages  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def test_runs_of_ones_by_hand_and_against_a_loop():
 def test_per_step_layout_equals_advantage_py():
     """verl-agent's layout: 2 groups, trajectories of 1-3 step samples; each sample carries its
     episode reward. The result equals grpo_advantages over trajectories, then
-    sharpo_token_advantages per step sample (one segment each)."""
+    train.py's token_advantages per step sample (one segment each)."""
     g = torch.Generator().manual_seed(1)
     traj_uid = ["a", "a", "b", "c", "c", "c", "d", "e", "e"]
     uid = ["g1", "g1", "g1", "g1", "g1", "g1", "g2", "g2", "g2"]
@@ -59,7 +60,8 @@ def test_per_step_layout_equals_advantage_py():
     adv_traj = grpo_advantages(torch.tensor([episode[t] for t in order], dtype=torch.float64),
                                torch.tensor([0, 0, 0, 1, 1]))
     adv_row = adv_traj[[order.index(t) for t in traj_uid]].float()
-    want = sharpo_token_advantages(adv_row, teacher, student, torch.where(mask.bool(), 0, -1), lam=0.5, mult_eps=0.2)
+    response = mask.bool()
+    want = token_advantages(adv_row, segment_gap(teacher, student, response), response, lam=0.5, mult_eps=0.2)
     assert torch.equal(got, want)
     assert got.abs().sum() > 0 and (got[mask == 0] == 0).all()
 
@@ -78,8 +80,16 @@ def test_per_trajectory_layout_equals_advantage_py():
     for shape, granularity in (("exp", "segment"), ("sigmoid", "segment"), ("exp", "token")):
         got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity)
         adv = grpo_advantages(torch.tensor([10.0, 0.0, -0.1], dtype=torch.float64), torch.tensor([0, 0, 0])).float()
-        want = sharpo_token_advantages(adv, teacher, student, runs_of_ones(mask), shape=shape, granularity=granularity)
-        assert torch.equal(got, want)
+        if granularity == "token":
+            want = rlsd_token_advantages(adv, teacher, student, mask.bool())
+        else:  # segment by segment, with advantage.py's functions, in a plain loop
+            seg, want = runs_of_ones(mask), torch.zeros(3, 8)
+            for b in range(3):
+                for s in set(seg[b].tolist()) - {-1}:
+                    here = seg[b] == s
+                    g = (teacher[b][here] - student[b][here]).mean()
+                    want[b][here] = adv[b] * (0.5 + 0.5 * segment_multipliers(adv[b], g, 0.2, shape))
+        assert torch.allclose(got, want, atol=1e-6)
     got, seg = sharpo_advantages(data, layout="per_trajectory"), runs_of_ones(mask)[0]
     first, second = got[0][seg == 0], got[0][seg == 1]
     assert (first == first[0]).all() and (second == second[0]).all()  # constant within a segment (segment form)

@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("vllm", reason="the vLLM extra is installed apart: bash vllm_rollout/install_vllm.sh")
 
-from rollout import generation_prompt_ids, load_policy, rows_logprobs  # noqa: E402
+from infra.models import load_policy
+from rollout import generation_prompt_ids, rows_logprobs  # noqa: E402
 from segments import build_row  # noqa: E402
 from vllm_rollout.policy import VLLMPolicy  # noqa: E402
 
