@@ -95,3 +95,41 @@ def test_gigpo_iteration_runs_no_teacher_and_logs_step_signal(tmp_path, monkeypa
     assert {"gigpo/step_group_size", "gigpo/step_adv_std"} <= metrics.keys() and "mult_mean" not in metrics
     assert "step_advantage" in samples[0]["segments"][0]
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" in n)
+
+
+def _advantages_of(tmp_path, flags_, episodes):
+    """Stage 3 of train.py on hand-made trajectories: episodes = [(group, [(step reward, anchor), ...]), ...]."""
+    from segments import Rows, Step, Trajectory
+
+    args = train.parse_args(["--model=tiny", "--preset=none", "--eval-every=0", f"--output-dir={tmp_path}/run"] + flags_)
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
+    trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
+    trajs = [Trajectory(f"t{g}", g, "x", [Step([], [], [], "", "a", r, anchor) for r, anchor in steps])
+             for g, steps in episodes]
+    traj = torch.tensor([i for i, t in enumerate(trajs) for _ in t.steps])
+    rows = Rows(traj, [s for t in trajs for s in t.steps], [None] * len(traj), [None] * len(traj),
+                torch.ones(len(traj), 1, dtype=torch.bool), None, torch.zeros(len(traj), dtype=torch.bool),
+                torch.zeros(len(traj), dtype=torch.bool))
+    return trainer.advantage(trajs, rows)
+
+
+def test_mean_norm_is_verl_agents_mean_norm_on_both_halves(tmp_path):
+    """--gigpo-norm mean (verl-agent's mean_norm, its default) leaves the std out of the episode half too: a win
+    (R = 10) and a loss, 2 steps each, gamma 0.95, both from the same states. Row 0 of the win: episode 10 - 5 = 5,
+    step 9.5 - 4.75 = 4.75 (the returns from the first state), so 9.75; with --gigpo-norm std: 0.707 + 0.707."""
+    episodes = [(0, [(0.0, "s0"), (10.0, "s1")]), (0, [(0.0, "s0"), (0.0, "s1")])]
+    adv = _advantages_of(tmp_path / "m", ["--algo=gigpo", "--gigpo-norm=mean"], episodes)
+    assert adv.row.tolist() == pytest.approx([5.0, 5.0, -5.0, -5.0])
+    assert (adv.row + adv.step).tolist()[0] == pytest.approx(5 + 4.75)
+    adv = _advantages_of(tmp_path / "s", ["--algo=gigpo", "--gigpo-norm=std"], episodes)
+    assert (adv.row + adv.step).tolist()[0] == pytest.approx(0.7071 + 0.7071, abs=1e-3)
+
+
+def test_episode_stats_per_trajectory_or_per_step_row(tmp_path):
+    """A 5-step win and a 20-step loss: per trajectory (the GiGPO paper) +-0.707; per step row (verl-agent's
+    compute_mean_std_cross_steps) the 25 rows are the samples: mean 2, std 4.08, so +1.96 and -0.49."""
+    episodes = [(0, [(0.0, "w")] * 4 + [(10.0, "w")]), (0, [(0.0, "l")] * 20)]
+    per_traj = _advantages_of(tmp_path / "t", ["--episode-stats=trajectory"], episodes).row
+    per_step = _advantages_of(tmp_path / "s", ["--episode-stats=step"], episodes).row
+    assert per_traj[0].item() == pytest.approx(0.7071, abs=1e-3) and per_traj[-1].item() == pytest.approx(-0.7071, abs=1e-3)
+    assert per_step[0].item() == pytest.approx(1.9596, abs=1e-3) and per_step[-1].item() == pytest.approx(-0.4899, abs=1e-3)

@@ -279,7 +279,12 @@ def study(args: WorldArgs) -> dict:
     delta = args.slope * args.budget * (1 / predicted - 1)  # held-out success gained by learning 1/ratio faster
     out["real"] = {"auc": args.real_auc, "predicted_ratio": predicted, "success_difference": delta,
                    "pairs_for_80_percent_power": power_pairs(delta, args.pair_sd) if delta else float("inf"),
-                   "pairs_per_seed": 32}
+                   "pairs_per_seed": 32, "a_perfect_teacher": {}}
+    for key, by in out["by_auc"].items():  # the most a teacher can give at each bound: AUC 1
+        best = max(by, key=float)
+        d = args.slope * args.budget * (1 / by[best]["ratio"][0] - 1)
+        out["real"]["a_perfect_teacher"][key] = {"ratio": by[best]["ratio"][0], "success_difference": d,
+                                                 "pairs_for_80_percent_power": power_pairs(d, args.pair_sd)}
     if args.regimes:
         out["regimes"] = regimes(args, bounds[-1])
     return out
@@ -378,6 +383,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  the CPU teacher (AUC {real['auc']:.3f}): predicted SHARPO/GRPO {real['predicted_ratio']:.3f}; after "
           f"{args.budget} iterations that is {real['success_difference']:+.4f} held-out success; seeing it at 80% power "
           f"takes {real['pairs_for_80_percent_power']:,.0f} (seed, game) pairs")
+    for key, p in real["a_perfect_teacher"].items():
+        print(f"  a perfect teacher, {key}: ratio {p['ratio']:.3f}, {p['success_difference']:+.4f} held-out success after "
+              f"{args.budget} iterations, {p['pairs_for_80_percent_power']:,.0f} pairs for 80% power")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

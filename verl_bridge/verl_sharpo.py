@@ -7,9 +7,18 @@ batch is read into the (B, T) tensors advantage.py takes, and advantage.py does 
 Two layouts, as verl users have them:
   - "per_step" (verl-agent): one sample per environment step. non_tensor_batch["uid"] is the
     group, non_tensor_batch["traj_uid"] the trajectory; the sample's response is one segment.
-    Every step sample of a trajectory carries the episode reward in token_level_rewards (as
-    verl-agent's GRPO reads it): R_i is taken once per trajectory, and samples of one
-    trajectory that disagree are an error.
+    A sample's score is its token_level_rewards summed, as verl-agent writes it: the episode's
+    reward, and in verl-agent's forks an invalid action's 0.1 penalty on that step's own sample
+    only, so the samples of one trajectory may disagree. Each sample's advantage is
+    (its own score - mean) / (std + eps), as verl-agent's episode_norm_reward computes it, with
+    the group's mean and unbiased std taken (episode_stats) over
+      "step":       every step sample of the group (verl-agent's default, compute_mean_std_cross_steps=True:
+                    a 20-step loss weighs 20 times in the statistics, a 5-step win 5 times);
+      "trajectory": one sample per trajectory, its first (verl-agent with that flag False; the GiGPO
+                    paper's episode-level advantage, and train.py's --episode-stats trajectory).
+    Where verl-agent departs, this follows advantage.grpo_advantages: a group of one, or whose
+    counted scores all tie, gives 0 (verl-agent: the raw score, and float noise of -0.47 on
+    inexact ties such as six samples of 9.9).
   - "per_trajectory" (verl's multi-turn agent loop): one sample per trajectory; each contiguous
     run of response_mask == 1 is one segment (the environment's tokens between them are 0 in
     the mask); R_i = token_level_rewards summed over the sample.
@@ -89,39 +98,51 @@ def _labels(values) -> torch.Tensor:
 def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps: float = 0.2,
                       shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
-                      mask_key: str = "response_mask") -> torch.Tensor:
+                      mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
     """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, mult_eps, shape and
     granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD)."""
-    adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key)  # (B,), (B, T)
+    adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)  # (B,), (B, T)
     batch = data.batch
     return token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
                             lam=lam, mult_eps=mult_eps, shape=shape, granularity=granularity)
 
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",
-                  mask_key: str = "response_mask") -> torch.Tensor:
+                  mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
     """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat
     (advantage.moving_rows, the rule train.py skips by)."""
-    return moving_rows("sharpo", advantages_and_segments(data, layout, reward_key, mask_key)[0])
+    return moving_rows("sharpo", advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)[0])
 
 
-def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A_i of each sample's trajectory (B,) and the segment ids (B, T) of `layout` (module docstring)."""
+def own_score_advantages(scores: torch.Tensor, groups: torch.Tensor, counted: torch.Tensor,
+                         eps: float = 1e-6) -> torch.Tensor:
+    """Each sample's (own score - mean) / (std + eps), the group's mean and unbiased std over its `counted`
+    samples (METHOD.md Eq. 1 with verl-agent's choice of samples). scores (B,) float64, groups (B,) long,
+    counted (B,) bool. A group of one counted sample, or whose counted scores tie exactly, gives 0."""
+    out = torch.zeros_like(scores)  # (B,)
+    for g in torch.unique(groups):
+        mine, stats = groups == g, scores[(groups == g) & counted]  # (B,), (n,)
+        if len(stats) > 1 and stats.max() > stats.min():
+            out[mine] = (scores[mine] - stats.mean()) / (stats.std() + eps)  # (Eq. 1) with the own score
+    return out
+
+
+def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str,
+                            episode_stats: str = "trajectory") -> tuple[torch.Tensor, torch.Tensor]:
+    """A_i of each sample (B,) and the segment ids (B, T) of `layout` (module docstring)."""
     batch, extra = data.batch, data.non_tensor_batch
     mask = batch[mask_key]  # (B, T) 1 = a generated token
     rewards = batch[reward_key].sum(dim=-1).double()  # (B,) each sample's reward
     groups = _labels(extra["uid"])  # (B,)
     if layout == "per_step":
         traj = _labels(extra["traj_uid"])  # (B,) trajectory of each step sample
-        n = int(traj.max()) + 1
-        first = torch.full((n,), -1, dtype=torch.long)
-        for b in range(len(traj) - 1, -1, -1):
-            first[traj[b]] = b  # (n,) the first sample of each trajectory
-        R, traj_group = rewards[first], groups[first]  # (n,), (n,)
-        if not torch.allclose(rewards, R[traj]):
-            raise ValueError("per_step layout: samples of one trajectory carry different rewards; "
-                             "each step sample should carry its episode's reward")
-        adv_row = grpo_advantages(R, traj_group)[traj].float()  # (B,) A_i of each sample's trajectory
+        if episode_stats == "step":
+            counted = torch.ones_like(traj, dtype=torch.bool)  # (B,) every step sample
+        elif episode_stats == "trajectory":
+            counted = torch.tensor([b == 0 or traj[b] not in traj[:b] for b in range(len(traj))])  # (B,) the first
+        else:
+            raise ValueError(f"episode_stats must be 'trajectory' or 'step'; got {episode_stats!r}")
+        adv_row = own_score_advantages(rewards, groups, counted).float()  # (B,)
         segment_ids = torch.where(mask.bool(), 0, -1)  # (B, T) one response = one segment
     elif layout == "per_trajectory":
         adv_row = grpo_advantages(rewards, groups).float()  # (B,)

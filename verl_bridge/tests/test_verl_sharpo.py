@@ -95,13 +95,26 @@ def test_per_trajectory_layout_equals_advantage_py():
     assert (first == first[0]).all() and (second == second[0]).all()  # constant within a segment (segment form)
 
 
-def test_disagreeing_step_rewards_are_an_error_and_hindsight_prompt():
-    data = _proto({"response_mask": torch.ones(2, 3, dtype=torch.long),
-                   "token_level_rewards": torch.tensor([[10.0, 0, 0], [0.0, 0, 0]]),
-                   "old_log_probs": torch.zeros(2, 3), "teacher_log_probs": torch.zeros(2, 3)},
-                  {"uid": ["g", "g"], "traj_uid": ["a", "a"]})
-    with pytest.raises(ValueError, match="different rewards"):
-        sharpo_advantages(data, layout="per_step")
+def test_per_step_scores_as_verl_agent_writes_them():
+    """verl-agent's forks put an invalid action's 0.1 penalty on that step's own sample: a 2-step win (10, then
+    9.9 on its invalid step) and a 3-step loss (0, 0, -0.1) in one group. Each sample gets (its own score - mean)
+    / (std + 1e-6), the statistics over every step sample ("step", verl-agent's default) or over each
+    trajectory's first sample ("trajectory"), worked out by hand here."""
+    scores = [10.0, 9.9, 0.0, 0.0, -0.1]
+    data = _proto({"response_mask": torch.ones(5, 3, dtype=torch.long),
+                   "token_level_rewards": torch.tensor([[s, 0, 0] for s in scores]),
+                   "old_log_probs": torch.zeros(5, 3), "teacher_log_probs": torch.zeros(5, 3)},
+                  {"uid": ["g"] * 5, "traj_uid": ["a", "a", "b", "b", "b"]})
+    x = torch.tensor(scores, dtype=torch.float64)
+    step = (x - x.mean()) / (x.std() + 1e-6)  # the five samples' statistics
+    first = torch.tensor([10.0, 0.0], dtype=torch.float64)  # each trajectory's first sample
+    traj = (x - first.mean()) / (first.std() + 1e-6)
+    for stats, want in (("step", step), ("trajectory", traj)):
+        got = sharpo_advantages(data, layout="per_step", lam=0.0, episode_stats=stats)[:, 0]  # lam 0: A itself
+        assert torch.allclose(got, want.float(), atol=1e-5), stats
+    assert not torch.allclose(step.float(), traj.float())  # the choice matters
+    with pytest.raises(ValueError, match="episode_stats"):
+        sharpo_advantages(data, episode_stats="row")
     messages = hindsight_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}], ["look", "go"])
     assert messages[:2] == [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     assert messages[2]["role"] == "user" and messages[2]["content"].endswith("1. look\n2. go")
