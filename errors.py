@@ -10,10 +10,13 @@ whose message says what the folder kept.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import sys
 import threading
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -99,3 +102,39 @@ def signals_deferred():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
     if held:
         raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+# ----------------------------------------------------------------------------- file-system refusals
+FS_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+             errno.ENOTDIR: "a part of the path is a file, not a folder", errno.EISDIR: "a folder is in the way",
+             errno.ENAMETOOLONG: "a file name or path is too long for the file system",
+             errno.EEXIST: "a file is in the way"}
+FS_MESSAGES = {"No space left": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS}
+
+
+SHORT_WRITE = "unexpected pos"  # torch's zip writer when a write came back short, with no OS words at all
+NEARLY_FULL = 16 * 2**20  # bytes free below which such a short write is taken for a full disk
+
+
+def file_system_problem(err: BaseException, folder: Path | None = None) -> str | None:
+    """What went wrong, when `err` (or what caused it) is the file system refusing a write; else None.
+    safetensors and torch's zip writer report a full disk as their own error types, mostly with the
+    OS's words; torch's writer sometimes only says a write came back short, which counts as a full
+    disk when `folder`'s file system is (nearly) full."""
+    for e in (err, err.__cause__, err.__context__):
+        if isinstance(e, OSError) and e.errno in FS_ERRORS:
+            return FS_ERRORS[e.errno]
+        for words, code in FS_MESSAGES.items():
+            if e is not None and words in str(e):
+                return FS_ERRORS[code]
+        if e is not None and SHORT_WRITE in str(e) and folder is not None and free_bytes(folder) < NEARLY_FULL:
+            return FS_ERRORS[errno.ENOSPC]
+    return None
+
+
+def free_bytes(folder: Path) -> float:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return float("inf")

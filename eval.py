@@ -28,7 +28,9 @@ import errors  # first: a Ctrl-C or kill while the imports below load is one lin
 errors.quiet_start(__name__)
 # isort: split
 
+import errno
 import json
+import os
 import random
 import time
 from collections import defaultdict
@@ -39,7 +41,8 @@ from typing import Literal
 import torch
 
 from envs import history_length, make_env, resolve_workers
-from infra.checkpoint import find_checkpoint, load_checkpoint_policy, read_config, run_dir_of
+from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint, load_checkpoint_policy, read_config,
+                              run_dir_of, write_atomic)
 from infra.metrics import summarize  # the metrics the docstring above defines
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.models import load_policy
@@ -50,10 +53,10 @@ from rollout import ModelPolicy, play_episodes
 class EvalArgs:
     """Command-line flags of eval.py."""
 
-    env: Literal["alfworld", "webshop"] = "alfworld"  # which environment
+    env: Literal["alfworld", "webshop"] | None = None  # which environment; default: a --checkpoint's own, else alfworld
     policy: Literal["expert", "random", "model"] = "expert"  # who plays
     split: str | None = None  # split; default: the env's eval split (ALFWorld: valid_unseen, WebShop: test)
-    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
+    data_dir: str | None = None  # env data folder; default: a --checkpoint's own, else $ALFWORLD_DATA / $WEBSHOP_DATA, else shipped
     num_games: int = 0  # games to play, round-robin over task types; 0 = the whole split
     max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)
     history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
@@ -208,7 +211,14 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = None
     if args.checkpoint:
         ckpt = find_checkpoint(args.checkpoint)
-        read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
+        trained = read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
+        if args.env is not None and args.env != trained["env"]:
+            raise UserError(f"{ckpt} was trained on {trained['env']}: drop --env (it defaults to the checkpoint's) "
+                            f"or pass --env {trained['env']}")
+        args.env = trained["env"]
+        if args.data_dir is None and isinstance(trained.get("data_dir"), str):
+            args.data_dir = trained["data_dir"]  # the data it trained on, held-out splits and all
+    args.env = args.env or "alfworld"
     history_len = history_length(args.history)
     try:
         env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
@@ -217,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
         task_ids = [g for g in pick_games(env, split, args.num_games) for _ in range(args.samples_per_game)]
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
+    out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
+    check_writable(out)  # before any game is played, so a path that cannot take the JSON costs nothing
     if args.policy == "expert":
         policy = ExpertPolicy()
     elif args.policy == "random":
@@ -230,11 +242,28 @@ def main(argv: list[str] | None = None) -> dict:
     metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
     print_table(metrics, f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else ""))
-    out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(metrics, indent=1))
+    try:
+        write_atomic(out, json.dumps(metrics, indent=1))
+    except OSError as err:
+        raise UserError(f"cannot write {out} ({file_system_problem(err, out.parent) or err.strerror or err}); "
+                        "the results are the table above") from None
     print(f"wrote {out}")
     return metrics
+
+
+def check_writable(out: Path) -> None:
+    """The JSON can be written at `out`: its folder made or there, no folder in the file's place, a name and path
+    the file system holds, the folder writable. One line saying what is wrong otherwise."""
+    try:
+        if out.is_dir():
+            raise UserError(f"--out {out} is a folder: give the JSON file's path (e.g. {out / 'eval.json'})")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        check_path_lengths(out.parent, out.name)
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as err:
+        raise UserError(f"cannot write {out} ({file_system_problem(err, out.parent) or err.strerror or err}): "
+                        "pass another --out (for a checkpoint, its run folder is where the JSON goes by default)") from None
 
 
 def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:

@@ -114,7 +114,8 @@ class Trainer:
         torch.manual_seed(args.seed)
         ckpt = find_checkpoint(args.resume) if args.resume else None  # [run] the checkpoint to continue from
         self.env = env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,  # data checked first
-                                   workers=resolve_workers(args.env_workers, args.groups * args.group_size))
+                                   workers=resolve_workers(args.env_workers, args.groups * args.group_size),
+                                   timeout=args.env_timeout)
         self.eval_env = None
         self.tasks = training_tasks(self.env, args.split, args.max_plan_len)
         if model is None:  # a new LoRA over the (warm-started) base, or [run] the checkpoint's policy exactly
@@ -250,7 +251,8 @@ class Trainer:
         """(the eval/... metrics of the line, the record eval.py would write: metrics, each game, config)."""
         args = self.args
         self.eval_env = self.eval_env or make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
-                                                  workers=resolve_workers(args.env_workers, args.eval_games))
+                                                  workers=resolve_workers(args.env_workers, args.eval_games),
+                                                  timeout=args.env_timeout)
         split, start = args.eval_split or self.eval_env.default_eval_split, time.perf_counter()
         line, games = greedy_evaluation(self.eval_env, self.model, self.tokenizer, split, args.eval_games,
                                         self.history_len, args.max_new_tokens)

@@ -141,10 +141,11 @@ def history_length(value: str) -> int | None:
     return int(value)
 
 
-def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **kwargs):
+def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, timeout: float = 600.0, **kwargs):
     """Build an env by name (max_steps 0 = the env's own default); env packages are imported
     only when asked for. workers > 1 runs ALFWorld's episodes in that many processes
-    (envs/workers.py); WebShop always runs in-process (a step takes ~0.05 ms)."""
+    (envs/workers.py), each given `timeout` seconds to answer a reset or step; WebShop always runs
+    in-process (a step takes ~0.05 ms)."""
     kwargs["data_dir"] = data_dir
     if max_steps > 0:
         kwargs["max_steps"] = max_steps
@@ -152,7 +153,7 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, **k
         # deferred: each env's packages only when that env is asked for
         from envs.workers import WorkerEnv
 
-        return WorkerEnv(name, workers, **kwargs)
+        return WorkerEnv(name, workers, timeout=timeout, **kwargs)
     if name == "alfworld":
         from envs.alfworld import AlfWorldEnv
 

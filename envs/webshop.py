@@ -61,6 +61,8 @@ _WORD = re.compile(r"\w+(?:\.\w+)*")
 def _read_json(path: Path, what: str):
     if not path.exists():
         raise DataError(f"WebShop {what} file not found: {path}")
+    if not path.is_file():  # a folder, a FIFO (reading it would wait forever), a device
+        raise DataError(f"{path} is not a regular file: WebShop's {what} data must be a JSON file")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -9,8 +9,9 @@ answers in episode order, so the workers run at the same time. Everything else (
 types, expert plans, prompts) is answered by an in-process copy of the env, which plays no
 episode. rollout.py does not know the difference.
 
-A worker that dies (the engine crashing the process, a kill) is reported on stderr with the
-game files it held and started anew; its episodes end there as failed episodes (done, not
+A worker that dies (the engine crashing the process, a kill), or gives no answer within `timeout`
+seconds (a frozen engine, a stopped process), is reported on stderr with the game files it held, killed
+and started anew; its episodes end there as failed episodes (done, not
 won, reward 0, info["env_crash"] = True), counted in `crashes`, and the run goes on.
 
 `seconds` counts wall time in reset/step as seen from the training process (what the GPU
@@ -50,7 +51,8 @@ def _serve(conn, name: str, kwargs: dict) -> None:
 class WorkerEnv:
     """A batched env whose episodes run in `workers` processes (see the module docstring)."""
 
-    def __init__(self, name: str, workers: int, **kwargs):
+    def __init__(self, name: str, workers: int, timeout: float = 600.0, **kwargs):
+        self.timeout = timeout  # seconds a worker may take to answer one reset or step (--env-timeout)
         self.local = make_env(name, **kwargs)  # answers everything but reset/step; plays no episode
         self.name, self.max_steps, self.default_eval_split = name, self.local.max_steps, self.local.default_eval_split
         self._env_name, self._kwargs, self.n = name, kwargs, workers
@@ -126,6 +128,10 @@ class WorkerEnv:
                 out[k] = None
                 continue
             try:
+                if not self._conns[k].poll(self.timeout):  # a frozen or stopped worker: no wait without a bound
+                    self._crashed(k, f"no answer in {self.timeout:g} s")
+                    out[k] = None
+                    continue
                 answer, seconds = self._conns[k].recv()
                 self.worker_seconds[k] = seconds
                 out[k] = answer
@@ -182,7 +188,8 @@ class WorkerEnv:
         for k, conn in enumerate(self._conns):
             try:
                 conn.send(("close", None))
-                conn.recv()
+                if conn.poll(10):
+                    conn.recv()
             except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
                 pass
             self._procs[k].join(timeout=10)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import fcntl
 import json
 import math
@@ -52,10 +51,10 @@ import torch
 from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
-from errors import Stopped, Terminated, UserError, signals_deferred
+from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
-CHECKPOINT_NAME = re.compile(r"iter-(\d+)")  # the only names train.py gives a checkpoint
+CHECKPOINT_NAME = re.compile(r"iter-(\d{6})")  # the only names train.py gives a checkpoint
 SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # Tests set this to a function of one argument (the name of a point where the run folder is
@@ -70,38 +69,27 @@ def crash_point(name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- file-system errors
-FS_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
-             errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-             errno.ENOTDIR: "a part of the path is a file, not a folder", errno.EISDIR: "a folder is in the way"}
-FS_MESSAGES = {"No space left": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT, "Read-only file system": errno.EROFS}
+LONGEST_ENTRY = "checkpoints/.tmp-iter-000000/warmstart/adapter_model.safetensors"  # the deepest path a run writes
 
 
-SHORT_WRITE = "unexpected pos"  # torch's zip writer when a write came back short, with no OS words at all
-NEARLY_FULL = 16 * 2**20  # bytes free below which such a short write is taken for a full disk
-
-
-def file_system_problem(err: BaseException, folder: Path | None = None) -> str | None:
-    """What went wrong, when `err` (or what caused it) is the file system refusing a write; else None.
-    safetensors and torch's zip writer report a full disk as their own error types, mostly with the
-    OS's words; torch's writer sometimes only says a write came back short, which counts as a full
-    disk when `folder`'s file system is (nearly) full."""
-    for e in (err, err.__cause__, err.__context__):
-        if isinstance(e, OSError) and e.errno in FS_ERRORS:
-            return FS_ERRORS[e.errno]
-        for words, code in FS_MESSAGES.items():
-            if e is not None and words in str(e):
-                return FS_ERRORS[code]
-        if e is not None and SHORT_WRITE in str(e) and folder is not None and free_bytes(folder) < NEARLY_FULL:
-            return FS_ERRORS[errno.ENOSPC]
-    return None
-
-
-def free_bytes(folder: Path) -> float:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return float("inf")
-
+def check_path_lengths(run_dir: Path, entry: str = LONGEST_ENTRY) -> None:
+    """Every path written into `run_dir` (the deepest: `entry`) fits the file system: each name at most NAME_MAX
+    bytes, the whole at most PATH_MAX."""
+    deepest = Path(run_dir).expanduser().absolute() / entry
+    name_max, path_max = 255, 4096  # Linux's, unless the nearest folder that exists says otherwise
+    for folder in deepest.parents:
+        try:
+            if folder.is_dir():
+                name_max, path_max = os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+                break
+        except (OSError, ValueError):  # a path too long to even ask about
+            continue
+    longest = max(deepest.parts, key=lambda part: len(part.encode()))
+    if len(longest.encode()) > name_max or len(str(deepest).encode()) >= path_max:
+        shown = str(run_dir) if len(str(run_dir)) <= 80 else f"{str(run_dir)[:60]}...({len(str(run_dir))} characters)"
+        raise UserError(f"{shown} is too long a path for this file system (a name may hold {name_max} bytes, a path "
+                        f"{path_max}; the run's deepest file would be {len(str(deepest).encode())} bytes, its longest name "
+                        f"{len(longest.encode())}): choose a shorter one")
 
 @contextlib.contextmanager
 def writing(run_dir: Path, what: str):
@@ -119,10 +107,17 @@ def writing(run_dir: Path, what: str):
 
 # ----------------------------------------------------------------------------- small safe files
 def write_atomic(path: Path, text: str) -> None:
-    """Write text to path through a temp file and a rename: readers see the old or the new file."""
+    """Write text to path through a temp file and a rename: readers see the old or the new file. A file that is
+    no regular file (/dev/null, a FIFO) is written in place: a rename would replace the device itself."""
+    if path.exists() and not path.is_file():
+        path.write_text(text)
+        return
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def json_safe(value):
@@ -151,6 +146,8 @@ def trim_log(path: Path, iteration: int) -> int:
     when something changes. Returns the number of lines dropped."""
     if not path.exists():
         return 0
+    if not path.is_file():
+        raise UserError(f"{path} is not a regular file (train.py appends its log there): move it out of the run folder")
     data = path.read_bytes()
     lines = data.splitlines()
     kept = []
@@ -205,11 +202,11 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.name == LATEST and p.is_symlink():  # RUN/latest: only as a pointer into RUN's own checkpoints
         check_latest(p.parent)
-    if (p / STATE).is_file() and (p / "config.json").is_file():
-        return p.resolve()
-    complete = run_checkpoints(p)
+    complete = run_checkpoints(p)  # a run folder's own checkpoints first, even where a checkpoint was copied in
     if complete:
         return complete[-1]
+    if (p / STATE).is_file() and (p / "config.json").is_file():
+        return p.resolve()
     if not p.exists():
         raise UserError(f"{p} does not exist: pass a train.py run folder or one of its checkpoints/iter-* folders")
     raise UserError(f"no complete checkpoint in {p}: expected a run folder with {CHECKPOINTS}/iter-*/{STATE}, "
@@ -222,6 +219,8 @@ def run_dir_of(ckpt: Path) -> Path:
 
 
 def read_json(path: Path, what: str) -> dict:
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device: reading could wait forever
+        raise UserError(f"{path} is not a regular file: {what}")
     try:
         value = json.loads(path.read_text())
     except FileNotFoundError:
@@ -258,8 +257,12 @@ def read_config(ckpt: Path) -> dict:
 
 def read_iteration(ckpt: Path) -> int:
     state = read_json(ckpt / STATE, "the checkpoint's iteration")
-    if not isinstance(state.get("iteration"), int) or state["iteration"] < 0:
+    if not isinstance(state.get("iteration"), int) or isinstance(state.get("iteration"), bool) or state["iteration"] < 0:
         raise UserError(f"{ckpt / STATE}: 'iteration' must be a non-negative integer")
+    named = checkpoint_number(ckpt)
+    if named is not None and named != state["iteration"]:
+        raise UserError(f"{ckpt / STATE} says iteration {state['iteration']}, but the folder is {ckpt.name}: the file "
+                        "was edited or copied from another checkpoint; resume from another checkpoint")
     return state["iteration"]
 
 
@@ -308,6 +311,7 @@ class RunFolder:
         the lock a killed run leaves is taken over by the next one."""
         if not self.main or self._lock is not None:
             return
+        check_path_lengths(self.path)  # a path the file system cannot hold: now, not after an iteration
         where = self.path.expanduser().resolve()
         for place, name in ((Path("/"), "the file-system root"), (Path.home().resolve(), "the home folder"),
                             (REPO_ROOT, "the repository's root")):
@@ -333,15 +337,24 @@ class RunFolder:
             handle.close()
             raise UserError(f"{self.path} is in use by {holder}: one run writes a run folder at a time. Wait for it "
                             "to finish (or stop it), or choose another --output-dir") from None
+        try:  # and the folder itself: a removed or replaced .lock file lets no second writer in
+            folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(folder)
+            handle.close()
+            raise UserError(f"{self.path} is in use by another run (its .lock file was removed or replaced): one run "
+                            "writes a run folder at a time; wait for it, or choose another --output-dir") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"train.py (pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
         handle.flush()
-        self._lock = handle
+        self._lock, self._folder_lock = handle, folder
 
     def unlock(self) -> None:
         if self._lock is not None:
             self._lock.close()  # closing the file releases the flock
+            os.close(self._folder_lock)
             self._lock = None
 
     def check(self, resuming: bool) -> None:
@@ -360,15 +373,27 @@ class RunFolder:
         if self.main:
             with writing(self.path, "config.json and the logs"):
                 self.path.mkdir(parents=True, exist_ok=True)
+                parent = run_dir_of(Path(config["resume"])) if config.get("resume") else None
+                if parent is not None and parent.resolve() != self.path.resolve():  # a branch: the run's logs so far
+                    for log in (self.metrics, self.samples):
+                        if (parent / log.name).is_file() and not log.exists():
+                            shutil.copy2(parent / log.name, log)
                 write_atomic(self.path / "config.json", json.dumps(config, indent=1))
                 trim_log(self.metrics, iteration_done)  # a resumed run's log reads as if it had never stopped
                 trim_log(self.samples, iteration_done)
 
     def logged(self) -> list[dict]:
-        """The metrics lines on disk (after `start`: those of the iterations up to the restored one)."""
+        """The metrics lines on disk (after `start`: those of the iterations up to the restored one), each checked:
+        an integer iteration and a number for `success` (what the loop reads back)."""
         if not self.metrics.exists():
             return []
-        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+        for n, line in enumerate(lines, 1):
+            success = line.get("success")
+            if not isinstance(success, (int, float)) or isinstance(success, bool) or not math.isfinite(success):
+                raise UserError(f"{self.metrics} line {n}: 'success' should be a number, found {success!r:.40}; the log "
+                                "was edited or damaged: restore it, or delete that line to resume from the checkpoint")
+        return lines
 
     def log(self, metrics: dict, samples: list[dict]) -> None:
         if self.main:
@@ -617,10 +642,41 @@ def load_optimizer_state(ckpt: Path) -> dict:
     return state
 
 
+def check_optimizer_state(path: Path, state: dict, optimizer) -> None:
+    """A saved AdamW state fits this run's optimizer: the same parameters, each moment of its parameter's shape,
+    numbers where numbers belong. One line naming the file and the first thing that does not fit."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = state["param_groups"]
+    if len(groups) != len(optimizer.param_groups) or sum(len(g.get("params", [])) for g in groups) != len(params):
+        raise UserError(f"{path} holds the state of another set of LoRA weights ({sum(len(g.get('params', [])) for g in groups)} "
+                        f"tensors, this run has {len(params)}); resume from another checkpoint")
+    for g in groups:
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            value = g.get(key)
+            numbers = value if isinstance(value, (list, tuple)) else [value]
+            if not numbers or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                      for v in numbers):
+                raise UserError(f"{path}: param_groups' {key!r} should be a finite number, found {value!r:.40}")
+    for index, moments in state["state"].items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise UserError(f"{path}: a state for parameter {index!r}, which this run does not have")
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = moments.get(key)
+            if not torch.is_tensor(value) or tuple(value.shape) != tuple(params[index].shape):
+                found = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                raise UserError(f"{path}: {key} of parameter {index} is {found}, its parameter "
+                                f"{tuple(params[index].shape)}; resume from another checkpoint")
+        step = moments.get("step")
+        if not (torch.is_tensor(step) and step.numel() == 1) and not isinstance(step, (int, float)):
+            raise UserError(f"{path}: the step of parameter {index} should be a number, found {type(step).__name__}")
+
+
 def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random) -> int:
     """Load a checkpoint's optimizer state and RNG states into a run; returns its iteration."""
+    state = load_optimizer_state(ckpt)
+    check_optimizer_state(ckpt / "optimizer.pt", state, optimizer)
     try:
-        optimizer.load_state_dict(load_optimizer_state(ckpt))
+        optimizer.load_state_dict(state)
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
         raise UserError(f"{ckpt / 'optimizer.pt'} does not fit this run's LoRA weights ({err}); "
                         "resume from another checkpoint") from None
@@ -640,13 +696,26 @@ def rng_state(task_rng: random.Random) -> dict:
 def restore_rng(ckpt: Path, task_rng: random.Random) -> None:
     path = ckpt / "rng.json"
     state = read_json(path, "the RNG states of the run")
+
+    def ints(values, low, high, what):
+        if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and low <= v < high
+                                                   for v in values):
+            raise UserError(f"{path}: {what} should be a list of integers in [{low}, {high})")
+        return values
+
+    ints(state.get("torch"), 0, 256, "'torch'")
+    for key in ("python", "tasks"):
+        entry = state.get(key)
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise UserError(f"{path}: {key!r} should be [version, state, gauss]")
+        ints(entry[1], 0, 2**32, f"{key!r}'s state")
     try:
         torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
         random.setstate(_from_py_state(state["python"]))
         task_rng.setstate(_from_py_state(state["tasks"]))
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
         raise UserError(f"{path} is not a valid RNG state ({err})") from None
 
 

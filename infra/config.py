@@ -10,6 +10,7 @@ before anything loads; config.json in the run folder records the resolved flags.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 import typing
@@ -43,6 +44,7 @@ class RunArgs:
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
+    env_timeout: float = 600.0  # seconds an env worker may take to answer one reset or step before it counts as crashed
     rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
     vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
@@ -87,10 +89,11 @@ CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games 
 }
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
-RESUME_MAY_CHANGE = ("iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
+RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "preset", "report_to")
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
+DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
 
 
 def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
@@ -130,11 +133,20 @@ def resolve_defaults(args) -> None:
     args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu")  # config.json says which ran
     if args.output_dir is None:
         args.output_dir = f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
+    if args.data_dir is None and os.environ.get(DATA_VARIABLE[args.env]):  # config.json says which data it played
+        args.data_dir = str(Path(os.environ[DATA_VARIABLE[args.env]]).expanduser().resolve())
+
+
+# Flags added after some runs were saved: a config.json without one takes its default, said in one line.
+# A config.json without any other flag is not a complete train.py config and is refused.
+LATER_FLAGS = ("episode_stats", "env_timeout")
 
 
 def resume_args(cls, given: dict):
     """The saved run's flags, with the allowed changes; refuse the others, naming the flag. A run
-    folder stopped before its first checkpoint restarts from iteration 1 with its saved flags."""
+    folder stopped before its first checkpoint restarts from iteration 1 with its saved flags.
+    --resume CHECKPOINT --output-dir NEW branches: a new run folder that continues from that checkpoint
+    (any of the run's, the newest or an older one), with the run's logs up to it copied in."""
     folder = Path(given["resume"])
     fresh = (folder / "config.json").is_file() and not (folder / "state.json").is_file() and not run_checkpoints(folder)
     if fresh:  # killed before its first checkpoint: nothing to restore but the flags
@@ -142,26 +154,53 @@ def resume_args(cls, given: dict):
     else:
         ckpt = find_checkpoint(folder)
         run_dir = run_dir_of(ckpt)
-        newest = find_checkpoint(run_dir) if run_dir != ckpt else ckpt
-        if newest != ckpt:
-            raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
-                            f"{newest.name}; resume the run folder, or copy {ckpt.name} into a new run folder to branch")
         saved = read_config(ckpt)
+    out = Path(given["output_dir"]) if "output_dir" in given else run_dir
+    branching = out.expanduser().resolve() != run_dir.expanduser().resolve()
+    if branching and ckpt is None:
+        raise UserError(f"{folder} holds no checkpoint to branch from; continue it with --resume {folder} alone")
+    if branching and (run_checkpoints(out) or (out / "config.json").exists()):
+        raise UserError(f"--output-dir {out} already holds a run: a branch starts a new run folder; choose another")
+    if not branching and ckpt is not None and ckpt == run_dir:
+        raise UserError(f"{ckpt} is a checkpoint on its own, not a run folder: branch a new run from it with "
+                        f"python train.py --resume {ckpt} --output-dir NEW_FOLDER")
+    if not branching and ckpt is not None and find_checkpoint(run_dir) != ckpt:
+        raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
+                        f"{find_checkpoint(run_dir).name}; resume the run folder, or branch a new run from that "
+                        f"checkpoint with --output-dir NEW_FOLDER")
     problems = config_type_errors(cls, saved)
-    if problems:
-        raise UserError(f"{(ckpt or run_dir) / 'config.json'}: " + "; ".join(problems))
-    if "output_dir" in given and Path(given["output_dir"]).resolve() != run_dir.resolve():
-        raise UserError(f"--resume continues {run_dir} in that folder; drop --output-dir (or pass {run_dir})")
     known = {f.name for f in fields(cls)}
+    absent = [k for k in known if k not in saved and k not in RESUME_MAY_CHANGE]
+    problems += [f"field {k!r} is missing" for k in absent if k not in LATER_FLAGS]
+    if problems:
+        raise UserError(f"{(ckpt or run_dir) / 'config.json'}: " + "; ".join(problems) + " (not a complete train.py config)")
+    for k in absent:
+        print(f"note: {(ckpt or run_dir) / 'config.json'} has no {k!r} (a run from before that flag): taking "
+              f"{getattr(cls, k)!r}", file=sys.stderr)
+    if "dtype" in given and given["dtype"] == "auto":  # auto is what it resolves to here
+        given = {**given, "dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")}
     changed = [k for k, v in given.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)
         raise UserError(f"--resume continues the same experiment; these flags would change it: {flags}. "
                         "Start a new run (another --output-dir) to change them.")
     args = cls(**{**{k: v for k, v in saved.items() if k in known}, **given})
-    args.output_dir, args.resume = str(run_dir), None if ckpt is None else str(ckpt)
+    args.output_dir, args.resume = str(out), None if ckpt is None else str(ckpt)
+    check_resumed_data(args)
     check_args(args)
     return args
+
+
+def check_resumed_data(args) -> None:
+    """A resumed run plays the data it trained on: the folder config.json recorded (--data-dir, or the
+    $ALFWORLD_DATA / $WEBSHOP_DATA it was started with), or the shipped data when it recorded none."""
+    now = os.environ.get(DATA_VARIABLE[args.env])
+    if args.data_dir is None and now:
+        raise UserError(f"the run trained on the shipped {args.env} data, and ${DATA_VARIABLE[args.env]} is set now "
+                        f"({now}): unset it to continue the run, or start a new run on that data")
+    if args.data_dir is not None and now and Path(now).expanduser().resolve() != Path(args.data_dir).expanduser().resolve():
+        print(f"note: the run continues on the data it trained on, {args.data_dir}, not ${DATA_VARIABLE[args.env]} "
+              f"({now})", file=sys.stderr)
 
 
 def config_type_errors(cls, saved: dict) -> list[str]:
@@ -193,7 +232,7 @@ def check_args(args) -> None:
         args,
         positive=("iterations", "groups", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
-                  "temperature", "ppo_clip", "grad_clip", "eval_games"),
+                  "temperature", "ppo_clip", "grad_clip", "eval_games", "env_timeout"),
         non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
                       "eval_every", "samples_per_iter", "gigpo_omega"),
         finite=("lam", "mult_eps", "gigpo_gamma"),

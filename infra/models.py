@@ -35,8 +35,8 @@ warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprec
 import psutil
 import torch
 from accelerate import init_empty_weights
-from peft import LoraConfig, PeftModel, get_peft_model
-from safetensors import SafetensorError
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoConfig,
@@ -382,10 +382,14 @@ def check_adapter_folder(adapter: str | os.PathLike) -> None:
 
 
 def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
-    """A saved LoRA adapter on `base`; an adapter made for another model, or a broken one, is a clear error."""
+    """A saved LoRA adapter on `base`; an adapter made for another model, or a broken one, is a clear error.
+    Every tensor the adapter's config asks for must be in its file, of its shape, and nothing else: peft would
+    load a file missing some as fresh LoRA weights, with a warning only."""
     check_adapter_folder(adapter)
     try:
-        return PeftModel.from_pretrained(base, str(adapter), is_trainable=is_trainable)
+        with warnings.catch_warnings():  # peft's long warning about missing keys: the check below says it in one line
+            warnings.filterwarnings("ignore", message="Found missing adapter keys")
+            model = PeftModel.from_pretrained(base, str(adapter), is_trainable=is_trainable)
     except RuntimeError as err:
         if "size mismatch" not in str(err):
             raise UserError(f"the adapter {adapter} cannot be loaded ({str(err).splitlines()[0][:200]})") from None
@@ -394,6 +398,19 @@ def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
     except (SafetensorError, ValueError, KeyError, TypeError, OSError) as err:
         raise UserError(f"the adapter {adapter} cannot be loaded ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:200] if str(err) else 'no detail'})") from None
+    weights = Path(adapter) / "adapter_model.safetensors"
+    expected = get_peft_model_state_dict(model, save_embedding_layers=False)  # {key as saved: tensor}
+    with safe_open(weights, "pt") as f:
+        found = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    wrong = [k for k in expected if k in found and found[k] != list(expected[k].shape)]
+    if missing or extra or wrong:
+        what = (f"{len(missing)} tensors its config asks for are missing (e.g. {missing[0]})" if missing else
+                f"{len(extra)} tensors its config does not name (e.g. {extra[0]})" if extra else
+                f"{wrong[0]} is {found[wrong[0]]}, its config makes it {list(expected[wrong[0]].shape)}")
+        raise UserError(f"{weights}: {what}; the file does not match adapter_config.json (damaged or edited): "
+                        "use another checkpoint")
+    return model
 
 
 def save_adapter(model, path: str | os.PathLike) -> None:

@@ -16,7 +16,7 @@ reward depends on the sampled text, so the weights move and "the same weights" m
 through `infra.cli.run` as train.py's own main does. The full disk is a small tmpfs (needs root;
 those cases are skipped with a line otherwise).
 
-Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data]
+Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4]
 """
 from __future__ import annotations
 
@@ -131,7 +131,35 @@ def run_folder_cases(marker: Path) -> dict:
         "adapter NaN": lambda r: _nan_adapter(new(r)),
         "adapter other shapes": lambda r: _other_rank(new(r)),
         "no checkpoint yet": lambda r: shutil.rmtree(r / "checkpoints"),
+        # round four: well-formed files that are not what they claim
+        "adapter without lora_B": lambda r: _edit_adapter(new(r), lambda s: {k: v for k, v in s.items() if "lora_B" not in k}),
+        "adapter tensors renamed": lambda r: _edit_adapter(new(r), lambda s: {k.replace("lora_A", "lora_X"): v
+                                                                               for k, v in s.items()}),
+        "adapter an empty file": lambda r: _edit_adapter(new(r), lambda s: {}),
+        "optimizer exp_avg shape": lambda r: _edit_optimizer(new(r), lambda s: s["state"][0].update(exp_avg=torch.zeros(7))),
+        "optimizer lr a string": lambda r: _edit_optimizer(new(r), lambda s: s["param_groups"][0].update(lr="fast")),
+        "rng out of range": lambda r: json_edit(new(r) / "rng.json", lambda d: d["python"][1].__setitem__(0, 2**40)),
+        "rng negative": lambda r: json_edit(new(r) / "rng.json", lambda d: d["torch"].__setitem__(0, -3)),
+        "metrics line without success": lambda r: (r / "metrics.jsonl").write_text('{"iteration": 2}\n'),
+        "metrics success a string": lambda r: (r / "metrics.jsonl").write_text('{"iteration": 2, "success": "high"}\n'),
+        "state ahead of its folder": lambda r: (new(r) / "state.json").write_text(json.dumps({"iteration": 7})),
+        "config without lr": lambda r: json_edit(new(r) / "config.json", lambda d: d.pop("lr")),
+        "config without algo": lambda r: json_edit(new(r) / "config.json", lambda d: d.pop("algo")),
+        "config.json a FIFO": lambda r: ((new(r) / "config.json").unlink(), os.mkfifo(new(r) / "config.json")),
+        "metrics.jsonl a FIFO": lambda r: ((r / "metrics.jsonl").unlink(), os.mkfifo(r / "metrics.jsonl")),
     }
+
+
+def _edit_adapter(ckpt: Path, fn) -> None:
+    from safetensors.torch import save_file
+
+    save_file(fn(load_file(ckpt / "adapter_model.safetensors")), ckpt / "adapter_model.safetensors")
+
+
+def _edit_optimizer(ckpt: Path, fn) -> None:
+    state = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    fn(state)
+    torch.save(state, ckpt / "optimizer.pt")
 
 
 def _nan_adapter(ckpt: Path) -> None:
@@ -200,6 +228,12 @@ def alfworld_cases() -> dict:
     }
 
 
+def _special(root: Path, kind: str) -> None:
+    path = sorted(root.glob("items_shuffle*.json"))[0]
+    path.unlink()
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+
+
 def webshop_cases() -> dict:
     def items(fn):
         def damage(root):
@@ -257,6 +291,8 @@ def webshop_cases() -> dict:
         "description a number": items(lambda d: d[0].update(full_description=1)),
         "bullets numbers": items(lambda d: d[0].update(small_description=[1])),
         "category a list": items(lambda d: d[0].update(category=[])),
+        "items_shuffle a FIFO": lambda root: _special(root, "fifo"),
+        "items_shuffle a folder": lambda root: _special(root, "folder"),
     }
 
 
@@ -543,7 +579,90 @@ def flags_section(work: Path, marker: Path, record) -> None:
         record("edge flags", name, argv[0].removesuffix(".py") if argv[0] != "-m" else argv[1], outcome, last)
 
 
-SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data")
+def round_four(work: Path, marker: Path, record) -> None:
+    """Resumes and evaluations under other data or env, branching, a removed lock file, outputs that cannot be
+    written, paths too long, a frozen env worker."""
+    base = work / "r4-base"
+    if not base.exists():
+        tiny_run(base)
+    # a resume under another catalog: the shipped run refuses while $WEBSHOP_DATA points elsewhere
+    other = work / "r4-other-catalog"
+    shutil.rmtree(other, ignore_errors=True)
+    shutil.copytree(ROOT / "data" / "webshop", other)
+    copy = work / "r4-data"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(base, copy, symlinks=True)
+    proc = subprocess.run([PY, "train.py", "--resume", str(copy), "--iterations", "3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**ENV, "WEBSHOP_DATA": str(other)})
+    record("round four", "resume under another $WEBSHOP_DATA", "resume", verdict(proc, marker),
+           (proc.stderr.strip().splitlines() or [""])[-1][:90])
+    # eval of a WebShop checkpoint without --env plays WebShop
+    proc = run(["eval.py", "--policy", "model", "--checkpoint", str(base), "--num-games", "1", "--max-steps", "2",
+                "--max-new-tokens", "8", "--out", str(work / "r4-eval.json")])
+    outcome = verdict(proc, marker)
+    if outcome == "ok":
+        outcome = "ok" if json.loads((work / "r4-eval.json").read_text())["config"]["env"] == "webshop" else "WRONG ENV"
+    record("round four", "eval of a webshop run without --env", "eval", outcome)
+    # branching twice, then evaluating the branch
+    for name, source, out in (("branch from an older checkpoint", base / "checkpoints" / "iter-000001", work / "r4-b1"),
+                              ("branch of a branch", work / "r4-b1", work / "r4-b2")):
+        shutil.rmtree(out, ignore_errors=True)
+        proc = run(["train.py", "--resume", str(source), "--output-dir", str(out), "--iterations", "3"])
+        outcome = verdict(proc, marker)
+        logged = [json.loads(x)["iteration"] for x in (out / "metrics.jsonl").read_text().splitlines()] \
+            if (out / "metrics.jsonl").exists() else []
+        if outcome == "ok" and logged != list(range(1, 4)):
+            outcome = f"LOGGED {logged}"
+        record("round four", name, "resume", outcome)
+    loop = work / "r4-copied-checkpoint"
+    shutil.rmtree(loop, ignore_errors=True)
+    shutil.copytree(base / "checkpoints" / "iter-000001", loop)
+    proc = run(["train.py", "--resume", str(loop), "--iterations", "3"])
+    record("round four", "resume of a copied checkpoint folder", "resume", verdict(proc, marker),
+           (proc.stderr.strip().splitlines() or [""])[-1][:90])
+    # one writer, with the lock file removed under a run that holds the folder
+    folder = work / "r4-lock"
+    shutil.rmtree(folder, ignore_errors=True)
+    first = subprocess.Popen([PY, "-c", STUB_DRIVER, *STUB_FLAGS, "--iterations", "400", "--output-dir", str(folder)],
+                             cwd=ROOT, text=True, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not (folder / "latest").exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    (folder / ".lock").unlink(missing_ok=True)
+    code2, _, err2 = finish(stub(folder, resume=True))
+    still = first.poll() is None
+    first.send_signal(signal.SIGTERM)
+    finish(first)
+    record("round four", "second writer after .lock was removed", "train",
+           "refused, run intact" if still and code2 == 2 and "in use" in err2 else f"exit {code2} (first running: {still})")
+    # outputs that cannot be written, paths too long
+    (work / "r4-afile").write_text("")
+    (work / "r4-afolder").mkdir(exist_ok=True)
+    for name, out in (("--out under a file", str(work / "r4-afile" / "x.json")), ("--out a folder", str(work / "r4-afolder")),
+                      ("--out /dev/full", "/dev/full"), ("--out name of 300 bytes", str(work / ("x" * 300)))):
+        proc = run(["eval.py", "--env", "webshop", "--policy", "random", "--num-games", "1", "--max-steps", "1",
+                    "--out", out])
+        record("round four", name, "eval", verdict(proc, marker), (proc.stderr.strip().splitlines() or [""])[-1][:90])
+    for name, out in (("run folder path of 4,000 bytes", str(work / "/".join(["d" * 200] * 20))),
+                      ("run folder name of 300 bytes", str(work / ("n" * 300)))):
+        proc = run(["train.py", *TINY_WEBSHOP, "--output-dir", out])
+        record("round four", name, "train", verdict(proc, marker), (proc.stderr.strip().splitlines() or [""])[-1][:90])
+    # a frozen ALFWorld worker: the step returns within the timeout, that worker's episodes end as crashed
+    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
+            "env = make_env('alfworld', workers=2, timeout=10); env.reset(env.tasks('train')[:2])\n"
+            "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
+            "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"
+            "ok = out[0].info.get('env_crash') and not out[1].info.get('env_crash') and time.time() - t < 60\n"
+            "env.close(); sys.exit(0 if ok else 1)")
+    try:
+        proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+        outcome = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        outcome = "HANG"
+    record("round four", "a SIGSTOPped env worker", "env", outcome)
+
+
+SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4")
 OK = ("one-line error", "ok", "unchanged task", "identical resume", "finished first", "one-line stop", "ok (it fitted)",
       "one refused, run intact", "refused, run intact")
 
@@ -587,6 +706,8 @@ def main() -> None:
             writer_cases(work, reference, record)
     if "flags" in only:
         flags_section(work, marker, record)
+    if "round4" in only:
+        round_four(work, marker, record)
     base = work / "base"
     if "folders" in only and not base.exists():
         tiny_run(base)

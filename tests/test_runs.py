@@ -43,8 +43,10 @@ def test_resume_writes_into_the_folder_it_resumes(tmp_path, monkeypatch):
     assert json.loads((run / "latest" / "state.json").read_text())["iteration"] == 2
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(UserError, match="--output-dir"):
-        train.parse_args(["--resume", str(run), "--output-dir", str(tmp_path / "elsewhere")])
+    branch = train.parse_args(["--resume", str(run), "--output-dir", str(tmp_path / "elsewhere")])  # a new run folder
+    assert branch.output_dir == str(tmp_path / "elsewhere") and Path(branch.resume).parent.parent == run
+    with pytest.raises(UserError, match="--output-dir .* already holds a run"):  # never into another run's folder
+        train.parse_args(["--resume", str(run), "--output-dir", str(tiny_run_folder(tmp_path, "Y"))])
 
 
 def test_resume_restores_every_saved_setting_and_refuses_changes(tmp_path):

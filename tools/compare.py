@@ -441,16 +441,16 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
     jobs = {"start": (out / f"eval_start_{split}{tag}.json", ["--model", config["model"]]  # in the runs' precision:
                       + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
                       + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
-    for key, run in runs_of.items():
-        path = run / f"eval_{split}_final{tag}.json"
-        own = None if tag else in_loop_evaluation(run, split, iterations, args)  # the loop's are greedy
+    for key, run_dir in runs_of.items():
+        path = run_dir / f"eval_{split}_final{tag}.json"
+        own = None if tag else in_loop_evaluation(run_dir, split, iterations, args)  # the loop's are greedy
         if own is not None:
             jobs[key] = (own, [])
         elif evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
             jobs[key] = (path, [])
-        elif run_state(run, iterations) == "done" and not args.gather_only:  # an unfinished run's is not its last
+        elif run_state(run_dir, iterations) == "done" and not args.gather_only:  # an unfinished run's is not its last
             path.unlink(missing_ok=True)  # one of an earlier iteration's checkpoint: the run was extended since
-            jobs[key] = (path, ["--checkpoint", str(run)])
+            jobs[key] = (path, ["--checkpoint", str(run_dir)])
     for key, (path, which) in jobs.items():
         if not path.is_file() and not args.gather_only:
             print(f"  evaluating {key if key == 'start' else f'{key[0]} seed {key[1]}'} on {split} -> {path}", flush=True)

@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from errors import file_system_problem
 from infra.cli import UserError, run
 
 
@@ -220,10 +221,14 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
         if not 0 < eps < 1:
             eps = 0.2
     out = {name: run / name for name in ("segments.html", "segments.png", "curves.png", "per_type.png")}
-    out["segments.html"].write_text(segments_html(samples, eps))
-    segments_png(samples, eps, out["segments.png"])
-    curves_png(metrics, out["curves.png"])
-    per_type_png(metrics, out["per_type.png"])
+    try:
+        out["segments.html"].write_text(segments_html(samples, eps))
+        segments_png(samples, eps, out["segments.png"])
+        curves_png(metrics, out["curves.png"])
+        per_type_png(metrics, out["per_type.png"])
+    except OSError as err:
+        raise UserError(f"cannot write the pictures into {run} ({file_system_problem(err, run) or err.strerror or err}): "
+                        "copy the run folder somewhere writable and draw there") from None
     return out
 
 

@@ -1,0 +1,230 @@
+"""Runs that survive, round four: a checkpoint is what it claims, a resumed or evaluated run plays the data and
+env it trained on, branching is a command that works, one writer by the folder, every write one line on failure,
+no read of a special file, no wait without a bound. Each case is something a user did or could do; the answer
+is one line (exit 2) that names the file and what to do, before any work is lost."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import train
+from infra.checkpoint import RunFolder, find_checkpoint
+from infra.cli import UserError
+from stub_env import StubEnv
+from tiny_runs import flags, tiny_run_folder
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*argv, env=None, timeout=300):
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _one_line(done, *words):
+    assert done.returncode == 2, done.stderr[-1500:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and all(w in last for w in words), last
+
+
+def _resume_trainer(run):
+    args = train.parse_args(["--resume", str(run), "--iterations", "2"])
+    return train.Trainer(args, env=StubEnv(args.max_steps))
+
+
+# ----------------------------------------------------------------------------- a checkpoint is what it claims
+@pytest.mark.parametrize("damage", ["no lora_B", "renamed", "empty", "wrong shape"])
+def test_an_adapter_that_does_not_match_its_config_is_one_line(tmp_path, damage):
+    """peft loads an adapter file missing tensors with fresh LoRA weights in their place (a warning only): resume
+    and eval.py refuse it, naming the file."""
+    run = tiny_run_folder(tmp_path)
+    weights = run / "checkpoints" / "iter-000001" / "adapter_model.safetensors"
+    state = load_file(weights)
+    if damage == "no lora_B":
+        state = {k: v for k, v in state.items() if "lora_B" not in k}
+    elif damage == "renamed":
+        state = {k.replace("q_proj", "qq_proj"): v for k, v in state.items()}
+    elif damage == "empty":
+        state = {}
+    else:
+        key = next(k for k in state if "lora_A" in k)
+        state[key] = torch.zeros(3, 3)
+    save_file(state, weights)
+    said = "another base model" if damage == "wrong shape" else "adapter_model.safetensors"
+    with pytest.raises(UserError, match=said):
+        _resume_trainer(run)
+    done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--max-steps", "1")
+    _one_line(done, said)
+
+
+@pytest.mark.parametrize("damage", ["exp_avg shape", "lr string", "rng out of range", "rng negative", "metrics line",
+                                    "state ahead", "config without lr"])
+def test_well_formed_but_wrong_files_are_one_line_before_any_rollout(tmp_path, damage):
+    run = tiny_run_folder(tmp_path)
+    ckpt = run / "checkpoints" / "iter-000001"
+    if damage in ("exp_avg shape", "lr string"):
+        state = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        if damage == "exp_avg shape":
+            state["state"][0]["exp_avg"] = torch.zeros(7)
+        else:
+            state["param_groups"][0]["lr"] = "fast"
+        torch.save(state, ckpt / "optimizer.pt")
+    elif damage.startswith("rng"):
+        rng = json.loads((ckpt / "rng.json").read_text())
+        rng["python"][1][0] = 2**40 if damage == "rng out of range" else -5
+        (ckpt / "rng.json").write_text(json.dumps(rng))
+    elif damage == "metrics line":
+        (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    elif damage == "state ahead":
+        (ckpt / "state.json").write_text('{"iteration": 7}')
+    else:
+        config = json.loads((ckpt / "config.json").read_text())
+        del config["lr"]
+        (ckpt / "config.json").write_text(json.dumps(config))
+    done = _cli("train.py", "--resume", str(run), "--iterations", "2")
+    _one_line(done)
+    assert "iter 2" not in done.stdout  # nothing ran
+
+
+def test_a_copy_named_like_a_checkpoint_is_not_one(tmp_path):
+    """checkpoints/iter-99 (not six digits) is no checkpoint of the run: never the newest, never pruned."""
+    run = tiny_run_folder(tmp_path)
+    (run / "checkpoints" / "iter-000001").rename(run / "checkpoints" / "keep")
+    import shutil
+
+    shutil.copytree(run / "checkpoints" / "keep", run / "checkpoints" / "iter-000001")
+    shutil.copytree(run / "checkpoints" / "keep", run / "checkpoints" / "iter-99")
+    assert find_checkpoint(run).name == "iter-000001"
+
+
+# ----------------------------------------------------------------------------- the data and env it trained on
+def test_a_resume_plays_the_data_it_trained_on(tmp_path, monkeypatch):
+    """A run started with $WEBSHOP_DATA records that folder; one started on the shipped data refuses to resume
+    while the variable points elsewhere (it would play another catalog, silently)."""
+    monkeypatch.delenv("WEBSHOP_DATA", raising=False)
+    shipped = tiny_run_folder(tmp_path, "shipped", env="webshop")
+    monkeypatch.setenv("WEBSHOP_DATA", str(tmp_path / "other-catalog"))
+    with pytest.raises(UserError, match="shipped webshop data.*WEBSHOP_DATA is set now"):
+        train.parse_args(["--resume", str(shipped), "--iterations", "2"])
+    args = train.parse_args(flags(model="tiny", preset="none", env="webshop", output_dir=str(tmp_path / "r")))
+    assert args.data_dir == str((tmp_path / "other-catalog").resolve())  # config.json says which data it played
+    monkeypatch.delenv("WEBSHOP_DATA")
+    train.parse_args(["--resume", str(shipped), "--iterations", "2"])
+
+
+def test_eval_of_a_checkpoint_plays_its_own_env(tmp_path):
+    run = tiny_run_folder(tmp_path, env="webshop")
+    done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--max-steps", "1")
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "webshop / test / policy model" in done.stdout
+    _one_line(_cli("eval.py", "--env", "alfworld", "--policy", "model", "--checkpoint", str(run)), "trained on webshop")
+
+
+# ----------------------------------------------------------------------------- branching
+def test_branching_twice_continues_from_the_checkpoint_each_time(tmp_path):
+    """--resume CHECKPOINT --output-dir NEW starts a new run folder from that checkpoint (an older one too), with
+    the run's logs up to it; a branch branches again; eval.py scores a branch's own newest checkpoint; a copied
+    checkpoint folder is not resumed in place (the run would loop), and the refusal says how to branch."""
+    run = tiny_run_folder(tmp_path, iterations=2, keep_checkpoints=2)
+    first = run / "checkpoints" / "iter-000001"
+    args = train.parse_args(["--resume", str(first), "--output-dir", str(tmp_path / "b1"), "--iterations", "3"])
+    lines = train.train(args, train.Trainer(args, env=StubEnv(2)))
+    assert [m["iteration"] for m in lines] == [2, 3]
+    logged = [json.loads(x)["iteration"] for x in (tmp_path / "b1" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]  # the parent's iteration 1, then the branch's own
+    assert find_checkpoint(tmp_path / "b1").name == "iter-000003"
+    args = train.parse_args(["--resume", str(tmp_path / "b1"), "--output-dir", str(tmp_path / "b2"), "--iterations", "4"])
+    assert [m["iteration"] for m in train.train(args, train.Trainer(args, env=StubEnv(2)))] == [4]
+    with pytest.raises(UserError, match="already holds a run"):
+        train.parse_args(["--resume", str(first), "--output-dir", str(tmp_path / "b1")])
+    import shutil
+
+    shutil.copytree(first, tmp_path / "copy")
+    with pytest.raises(UserError, match="--output-dir NEW_FOLDER"):
+        train.parse_args(["--resume", str(tmp_path / "copy"), "--iterations", "3"])
+
+
+# ----------------------------------------------------------------------------- one writer
+def test_removing_the_lock_file_lets_no_second_writer_in(tmp_path):
+    holder = RunFolder(tmp_path / "run")
+    holder.lock()
+    try:
+        (tmp_path / "run" / ".lock").unlink()
+        with pytest.raises(UserError, match="in use by another run"):
+            RunFolder(tmp_path / "run").lock()
+    finally:
+        holder.unlock()
+    second = RunFolder(tmp_path / "run")
+    second.lock()  # free again once the holder let go
+    second.unlock()
+
+
+# ----------------------------------------------------------------------------- writes that fail
+def test_eval_refuses_an_output_it_cannot_write_before_playing(tmp_path):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "afolder").mkdir()
+    base = ["eval.py", "--policy", "random", "--num-games", "1", "--max-steps", "1", "--env", "webshop"]
+    _one_line(_cli(*base, "--out", str(tmp_path / "afile" / "x.json")), "cannot write")
+    _one_line(_cli(*base, "--out", str(tmp_path / "afolder")), "is a folder")
+    _one_line(_cli(*base, "--out", "/dev/full"), "cannot write /dev/full", "no space left")
+    _one_line(_cli(*base, "--out", str(tmp_path / ("x" * 300 + ".json"))), "too long")
+
+
+def test_a_run_folder_path_too_long_is_refused_before_it_starts(tmp_path):
+    deep = tmp_path / "/".join(["d" * 200] * 20)  # ~4,000 bytes: the checkpoint's files would not fit
+    _one_line(_cli("train.py", *flags(model="tiny", preset="none", env="webshop", output_dir=str(deep))), "too long")
+    _one_line(_cli("train.py", *flags(model="tiny", preset="none", env="webshop", output_dir=str(tmp_path / ("n" * 300)))),
+              "too long")
+
+
+# ----------------------------------------------------------------------------- special files
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_webshop_data_file_that_is_no_regular_file_is_one_line(tmp_path, kind):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "data" / "webshop", data)
+    target = data / "items_shuffle.json"
+    target.unlink()
+    os.mkfifo(target) if kind == "fifo" else target.mkdir()
+    clock = time.perf_counter()
+    done = _cli("eval.py", "--env", "webshop", "--policy", "random", "--data-dir", str(data), "--num-games", "1",
+                timeout=60)
+    _one_line(done, "not a regular file")
+    assert time.perf_counter() - clock < 60
+
+
+# ----------------------------------------------------------------------------- no wait without a bound
+def test_a_frozen_worker_counts_as_crashed_within_its_timeout():
+    """SIGSTOP one of two ALFWorld workers mid-episode: the step returns within the timeout, that worker's episodes
+    end as failed, it is killed and started anew, and the other worker's episodes go on."""
+    from envs import make_env
+
+    env = make_env("alfworld", workers=2, timeout=5)
+    try:
+        tasks = env.tasks("train")[:2]
+        env.reset(tasks)
+        os.kill(env._procs[0].pid, signal.SIGSTOP)
+        clock = time.perf_counter()
+        out = env.step(["<think>x</think><action>look</action>"] * 2)
+        assert time.perf_counter() - clock < 30
+        assert out[0].info.get("env_crash") and not out[1].info.get("env_crash")
+        assert env.crashes == 1 and env._procs[0].is_alive()  # a fresh worker in its place
+    finally:
+        env.close()
+
+
+def test_resume_with_dtype_auto_is_the_runs_dtype(tmp_path):
+    """--dtype auto at a resume means what it resolves to here: the run's own precision, so no change."""
+    run = tiny_run_folder(tmp_path)  # its config.json holds what auto resolved to on this machine
+    assert train.parse_args(["--resume", str(run), "--dtype", "auto", "--iterations", "2"]).dtype == \
+        json.loads((run / "config.json").read_text())["dtype"]
