@@ -309,8 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print(config.describe(args))  # [run] what runs, and where it writes
     train(args)
-    print(f"done: metrics in {args.output_dir}/metrics.jsonl, checkpoints in {args.output_dir}/checkpoints "
-          f"(evaluate with: python eval.py --policy model --checkpoint {args.output_dir})")
+    print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n"
+          f"{metrics.segments_table(metrics.last_samples(args.output_dir))}")  # [run]
+    print(f"done: metrics in {args.output_dir}/metrics.jsonl, checkpoints in {args.output_dir}/checkpoints; draw the "
+          f"segments with python -m tools.plots {args.output_dir}, evaluate with python eval.py --policy model "
+          f"--checkpoint {args.output_dir}")
 
 
 if __name__ == "__main__":

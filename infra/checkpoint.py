@@ -506,6 +506,9 @@ def fold_adapters(state1: dict, cfg1, state2: dict, cfg2) -> tuple[dict, object]
         out[f"{m}.lora_B.weight"] = torch.cat([b1 * (s1 / s2), b2], dim=1).contiguous()  # (out, r1 + r2)
     cfg = copy.deepcopy(cfg2)
     cfg.r, cfg.lora_alpha = r1 + r2, s2 * (r1 + r2)
+    layers = [c.layers_to_transform for c in (cfg1, cfg2)]  # None: every layer
+    cfg.layers_to_transform = None if None in layers else sorted(set(layers[0]) | set(layers[1]))
+    cfg.layers_pattern = None if cfg.layers_to_transform is None else cfg.layers_pattern
     cfg.target_modules = sorted(set(cfg1.target_modules) | set(cfg2.target_modules))
     cfg.inference_mode = True
     return out, cfg
@@ -604,7 +607,7 @@ def run_policy(args, ckpt: Path | None, device: str):
     if ckpt is not None:
         return load_checkpoint_policy(ckpt, device=device, gradient_checkpointing=args.gradient_checkpointing)
     return load_policy(args.model, device=device, dtype=args.dtype, load_in_4bit=args.load_in_4bit, lora_r=args.lora_r,
-                       lora_alpha=args.lora_alpha, init_adapter=args.init_adapter,
+                       lora_alpha=args.lora_alpha, lora_layers=args.lora_layers, init_adapter=args.init_adapter,
                        gradient_checkpointing=args.gradient_checkpointing, seed=args.seed)
 
 

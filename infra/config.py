@@ -39,6 +39,7 @@ class RunArgs:
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU or a CPU with AMX, else fp32
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
+    lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the backward pass stops at the first
     init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     split: str = "train"  # split the training tasks come from
@@ -68,8 +69,8 @@ PRESETS = {
     "gpu": {},
     "cpu-demo": dict(  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
         model="smollm2", lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0, iterations=2, groups=2, group_size=4,
-        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=2, eval_games=2,
-    ),
+        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=0, lora_layers=10,
+    ),  # LoRA on the last 10 of SmolLM2's 30 layers: a third of the backward; the run ends with its segments, not an eval
     "cpu-learn": dict(  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
         # (results/learning-cpu/sweep): at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
         # 4 tasks x 4 rollouts for 8 iterations, 4 optimizer steps each: its runs saw 8-15 groups holding both a
@@ -139,7 +140,7 @@ def resolve_defaults(args) -> None:
 
 # Flags added after some runs were saved: a config.json without one takes its default, said in one line.
 # A config.json without any other flag is not a complete train.py config and is refused.
-LATER_FLAGS = ("episode_stats", "env_timeout")
+LATER_FLAGS = ("episode_stats", "lora_layers", "env_timeout")
 
 
 def resume_args(cls, given: dict):
@@ -234,7 +235,7 @@ def check_args(args) -> None:
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
                   "temperature", "ppo_clip", "grad_clip", "eval_games", "env_timeout"),
         non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
-                      "eval_every", "samples_per_iter", "gigpo_omega"),
+                      "eval_every", "samples_per_iter", "gigpo_omega", "lora_layers"),
         finite=("lam", "mult_eps", "gigpo_gamma"),
     )
     if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above

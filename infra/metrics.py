@@ -7,12 +7,14 @@ a plain run), so the numbers are over all of the iteration's episodes.
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
 import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -257,6 +259,26 @@ class UpdateLog:
     def means(self) -> dict:
         return {**{f"update/{k}": v / max(self.steps, 1) for k, v in self.sums.items()},
                 "update/optimizer_steps": self.steps, "update/skipped_steps": self.skipped}
+
+
+def last_samples(run_dir) -> list[dict]:
+    """The sample trajectories of a run folder's last logged iteration (samples.jsonl)."""
+    path = Path(run_dir) / "samples.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return [r for r in records if r["iteration"] == records[-1]["iteration"]] if records else []
+
+
+def segments_table(records: list[dict]) -> str:
+    """Sample trajectories as text: each step's action, reward, segment gap g and multiplier m (- where the teacher
+    was not asked: A = 0), so the end of a run shows where the credit went (tools/plots.py draws the same)."""
+    lines = []
+    for r in records:
+        lines.append(f"{r['task_id'].split('/')[1] if '/' in r['task_id'] else r['task_id']}: won {r['won']}, "
+                     f"R {r['reward']:+.1f}, A {r['advantage']:+.3f}")
+        for k, s in enumerate(r["segments"], 1):
+            g, m = ("-" if s["gap"] is None else f"{s['gap']:+.3f}"), ("-" if s["multiplier"] is None else f"{s['multiplier']:.3f}")
+            lines.append(f"  step {k}  g {g:>7s}  m {m:>5s}  {s['action'] or '(invalid answer)'}")
+    return "\n".join(lines)
 
 
 RECENT = 5  # iterations in the moving success rate `success_recent`

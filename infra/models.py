@@ -280,6 +280,7 @@ def load_policy(
     load_in_4bit: bool | None = None,
     lora_r: int = 64,
     lora_alpha: int = 64,
+    lora_layers: int = 0,
     adapter: str | os.PathLike | None = None,
     init_adapter: str | os.PathLike | None = None,
     gradient_checkpointing: bool = False,
@@ -350,11 +351,21 @@ def load_policy(
     else:
         present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
         targets = [t for t in LORA_TARGETS if t in present]
-        config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
+        config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM",
+                            **last_layers(base, lora_layers))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # LoRA A matrices are initialised at random: make it repeatable
             model = get_peft_model(base, config)
     return model, tokenizer
+
+
+def last_layers(base, n: int) -> dict:
+    """LoraConfig's arguments that put the adapter on the last `n` decoder layers only (n = 0: on every layer).
+    The backward pass then stops at the first of them: fewer layers trained, much less backward work."""
+    total = base.config.num_hidden_layers
+    if n <= 0 or n >= total:
+        return {}
+    return {"layers_to_transform": list(range(total - n, total)), "layers_pattern": "layers"}
 
 
 def check_adapter_folder(adapter: str | os.PathLike) -> None:

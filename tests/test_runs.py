@@ -290,3 +290,58 @@ def test_a_signal_while_train_py_still_imports_is_one_line(tmp_path, signum, cod
     assert proc.returncode == code and "Traceback" not in err, err
     assert err.strip().splitlines() == [f"{word}: stopped while starting, before anything was written"]
     assert not (tmp_path / "run").exists()
+
+
+def test_lora_on_the_last_layers_trains_them_alone_and_resumes_exactly(tmp_path):
+    """--lora-layers 1 on the tiny model's 2 layers (the cpu-demo preset sets 10 of SmolLM2's 30): LoRA
+    weights exist in layer 1 only, they move, and a run resumed after iteration 1 ends with the weights and
+    metrics of the run that was never stopped."""
+    whole_metrics, whole = tiny_train(tiny_args(tmp_path / "whole", lora_layers=1, iterations=2))
+    lora = _lora(whole.model)
+    assert lora and all(".layers.1." in n for n in lora), sorted(lora)
+    start = _lora(train.Trainer(tiny_args(tmp_path / "fresh", lora_layers=1), env=StubEnv(2)).model)
+    assert start.keys() == lora.keys() and any(not torch.equal(start[n], lora[n]) for n in lora)
+    tiny_train(tiny_args(tmp_path / "cut", lora_layers=1, iterations=1))
+    resumed_metrics, resumed = tiny_train(train.parse_args(["--resume", str(tmp_path / "cut"), "--iterations", "2"]))
+    after = _lora(resumed.model)
+    assert after.keys() == lora.keys() and all(torch.equal(after[n], lora[n]) for n in lora)
+    assert _strip(resumed_metrics[-1]) == _strip(whole_metrics[-1])
+
+
+def test_folding_adapters_keeps_the_layers_either_one_touches():
+    """A warm start on every layer folded with a run's LoRA on the last layers covers every layer; two
+    adapters on some layers each cover the union of them."""
+    from peft import LoraConfig
+
+    from infra.checkpoint import fold_adapters
+
+    def cfg(layers):
+        return LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM",
+                          **({"layers_to_transform": layers, "layers_pattern": "layers"} if layers else {}))
+
+    def state(layer):
+        m = f"base_model.model.model.layers.{layer}.self_attn.q_proj"
+        return {f"{m}.lora_A.weight": torch.ones(2, 4), f"{m}.lora_B.weight": torch.ones(4, 2)}
+
+    out, folded = fold_adapters(state(0), cfg(None), state(1), cfg([1]))
+    assert folded.layers_to_transform is None and folded.r == 4 and len(out) == 4
+    out, folded = fold_adapters(state(0), cfg([0]), state(1), cfg([1]))
+    assert folded.layers_to_transform == [0, 1] and folded.layers_pattern == "layers"
+    m = "base_model.model.model.layers.0.self_attn.q_proj"
+    assert torch.equal(out[f"{m}.lora_A.weight"][2:], torch.zeros(2, 4))  # layer 0: the second adapter's half is 0
+
+
+def test_a_run_ends_with_its_last_iterations_segments(tmp_path):
+    """What train.py prints at the end: each sample trajectory of the last logged iteration, a line per
+    step with its gap g and multiplier m (- where the teacher was not asked)."""
+    from infra import metrics
+
+    run = tiny_run_folder(tmp_path, iterations=2, group_size=4, samples_per_iter=2)
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    last = metrics.last_samples(run)
+    assert last and {r["iteration"] for r in last} == {2} and len(last) < len(records)
+    table = metrics.segments_table(last).splitlines()
+    assert len(table) == sum(1 + len(r["segments"]) for r in last)
+    steps = [line for line in table if line.startswith("  step ")]
+    assert steps and all(" g " in line and " m " in line for line in steps)
+    assert metrics.last_samples(tmp_path / "nothing") == [] and metrics.segments_table([]) == ""

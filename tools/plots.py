@@ -5,7 +5,7 @@ From a train.py run folder (metrics.jsonl, samples.jsonl) this writes:
                   SHARPO multiplier m (red < 1: more blame / less credit than GRPO gives,
                   blue > 1: more), with its gap g and multiplier beside it and each token's
                   teacher-student gap delta_t on hover
-  segments.png    the same for the first sample trajectories with hindsight, as a picture
+  segments.png    the same for the last iteration's sample trajectories (with hindsight first), as a picture
                   (full color at the largest deviation shown, so that small ones stay visible)
   curves.png      success (and over the last 5 iterations), mean reward, invalid-action rate and
                   multiplier spread per whole iteration
@@ -103,7 +103,8 @@ def segments_html(samples: list[dict], eps: float) -> str:
 
 
 def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: int = 2) -> None:
-    """A picture of the first trajectories: one box per segment, colored by its multiplier."""
+    """A picture of the last iteration's sample trajectories (those with hindsight first): one line per segment,
+    colored by its multiplier, the iteration in the title line."""
     # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib
 
@@ -111,7 +112,9 @@ def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: 
     # deferred: matplotlib only when drawing (and its backend is set first)
     import matplotlib.pyplot as plt
 
-    chosen = [s for s in samples if s.get("hindsight")][:max_trajectories] or samples[:max_trajectories]
+    last = max((s.get("iteration") for s in samples if isinstance(s.get("iteration"), int)), default=None)
+    pool = [s for s in samples if s.get("iteration") == last] or samples
+    chosen = [s for s in pool if s.get("hindsight")][:max_trajectories] or pool[:max_trajectories]
     lines = sum(len(s.get("segments") or []) + 1 for s in chosen)
     # color scale: the largest deviation shown (at least 0.01), so small multipliers stay visible
     scale = max([abs(num(seg.get("multiplier")) - 1) for s in chosen for seg in s.get("segments") or []
@@ -120,7 +123,8 @@ def segments_png(samples: list[dict], eps: float, path: Path, max_trajectories: 
     ax.set_axis_off()
     y = lines
     for s in chosen:
-        ax.text(0, y, f"{short_task(s.get('task_id'))[:60]}  won={s.get('won')}  R={fmt(s.get('reward'), '+.1f')}  "
+        ax.text(0, y, f"iteration {s.get('iteration')}  {short_task(s.get('task_id'))[:60]}  won={s.get('won')}  "
+                f"R={fmt(s.get('reward'), '+.1f')}  "
                 f"A={fmt(s.get('advantage'), '+.2f')}", fontsize=9, weight="bold", va="center",
                 parse_math=False)  # logged text is shown as it is: "$x$" in a query is no formula
         y -= 1
