@@ -355,7 +355,11 @@ def test_compare_starts_runs_seed_by_seed_and_passes_a_stop_on(tmp_path, monkeyp
 
     def fake_launch(algo, seed, run, train_flags, threads, state):
         started.append((algo, seed))
-        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.DEVNULL))
+        # the fake run says when its interpreter is up: a SIGINT that lands during Python's own start-up ends it
+        # with exit code 1, not -SIGINT (a slow start on a loaded machine made this test fail at random)
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        assert procs[-1].stdout.readline().strip() == "up"
         return procs[-1]
 
     real_sleep, stops = compare.time.sleep, []
