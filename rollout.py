@@ -23,6 +23,7 @@ import contextlib
 import inspect
 
 import torch
+import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
@@ -44,20 +45,45 @@ def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: to
 
     hidden (B, T, H): the hidden state before each response token; targets (B, T): the tokens;
     length (B,): response tokens per row. At most `max_logit_elems` float32 logits exist at a time.
+    A head whose weights are not float32 (bf16 or a 4-bit model's bf16 head: 152064 x 3584 is 2 GiB in
+    float32) is never copied whole: the log-softmax's normaliser is summed over vocabulary chunks, each made
+    float32 in turn and, under autograd, recomputed in the backward pass instead of kept (_head_logsumexp).
     """
     B, T = targets.shape
     head = model.get_output_embeddings()
-    weight = head.weight.float()  # (V, H) the output head in float32, whatever the decoder's dtype
-    bias = None if head.bias is None else head.bias.float()
-    chunk = max(1, max_logit_elems // (B * weight.shape[0]))
+    weight, bias = head.weight, head.bias  # (V, H), (V,) or None
+    V = weight.shape[0]
+    chunk = max(1, max_logit_elems // (B * V))
     pieces = []
     with torch.autocast(hidden.device.type, enabled=False):  # float32 from here on
         for s in range(0, T, chunk):
-            logits = torch.nn.functional.linear(hidden[:, s : s + chunk].float(), weight, bias) / temperature  # (B, c, V)
-            pieces.append(logits.log_softmax(-1).gather(-1, targets[:, s : s + chunk, None]).squeeze(-1))  # (B, c)
+            h, y = hidden[:, s : s + chunk].float(), targets[:, s : s + chunk]  # (B, c, H), (B, c)
+            if weight.dtype == torch.float32:  # the whole head at once: no copy is made
+                logits = torch.nn.functional.linear(h, weight, bias) / temperature  # (B, c, V)
+                pieces.append(logits.log_softmax(-1).gather(-1, y[..., None]).squeeze(-1))  # (B, c)
+                continue
+            target = (h * weight[y].float()).sum(-1) + (0.0 if bias is None else bias[y].float())  # (B, c) logit
+            pieces.append(target / temperature - _head_logsumexp(h, weight, bias, temperature, max_logit_elems))
     logp = torch.cat(pieces, dim=1)  # (B, T)
     valid = torch.arange(T, device=targets.device)[None, :] < length[:, None]  # (B, T) True = a real response token
     return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
+
+
+def _head_logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float, max_logit_elems: int) -> torch.Tensor:
+    """logsumexp over the vocabulary of linear(h, weight, bias) / temperature, (B, c), in float32, the vocabulary
+    in chunks of at most max_logit_elems logits; under autograd each chunk is recomputed in backward (checkpoint),
+    so no float32 copy of the head and no (B, c, V) logits are kept for it."""
+    rows = max(1, max_logit_elems // max(h.shape[0] * h.shape[1], 1))
+
+    def part(h, w, b):
+        return (torch.nn.functional.linear(h, w.float(), None if b is None else b.float()) / temperature).logsumexp(-1)
+
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    parts = [torch.utils.checkpoint.checkpoint(part, h, weight[v : v + rows], None if bias is None else bias[v : v + rows],
+                                               use_reentrant=False) if grad else
+             part(h, weight[v : v + rows], None if bias is None else bias[v : v + rows])
+             for v in range(0, weight.shape[0], rows)]  # each (B, c)
+    return torch.logsumexp(torch.stack(parts, -1), -1)  # (B, c)
 
 
 def response_states(hidden: torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor, T: int):
@@ -87,7 +113,8 @@ def response_logprobs(
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
     start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
     with autocast(model):
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     use_cache=False).last_hidden_state  # (B, L, H) no KV cache: nothing decodes after
     h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
     return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
 
@@ -222,10 +249,11 @@ def until_end_of_turn(ids: list[int], eos) -> list[int]:
 
 
 class ModelPolicy:
-    """The LLM policy as an actor: one batched generate over all live episodes per turn."""
+    """The LLM policy as an actor: one batched generate over all live episodes per turn (batch > 0: over at
+    most `batch` of them at a time, which bounds the memory of generate's prefill and KV cache)."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, batch: int = 0):
+        self.model, self.tokenizer, self.batch = model, tokenizer, batch
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
         model.generation_config = self.config
         self.eos = set(self.config.eos_token_id)
@@ -243,6 +271,10 @@ class ModelPolicy:
     def act(self, contexts: list[list[dict]], states) -> list[tuple[list[int], list[int], str]]:
         """(prompt ids, sampled response ids, response text) for each context."""
         prompts = [generation_prompt_ids(self.tokenizer, m) for m in contexts]
+        size = self.batch or len(prompts)
+        return [r for s in range(0, len(prompts), size) for r in self._generate(prompts[s : s + size])]
+
+    def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[int], str]]:
         B, L = len(prompts), max(len(p) for p in prompts)
         device = self.model.get_input_embeddings().weight.device
         input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L) left-padded

@@ -118,14 +118,15 @@ class Trainer:
                                    timeout=args.env_timeout)
         self.eval_env = None
         self.tasks = training_tasks(self.env, args.split, args.max_plan_len)
+        config.check_tasks(args, self.env)  # [run] the evaluation split holds the games asked for
         if model is None:  # a new LoRA over the (warm-started) base, or [run] the checkpoint's policy exactly
             model, tokenizer = run_policy(args, ckpt, self.dist.device)
         self.model, self.tokenizer, self.pad_id = model, tokenizer, tokenizer.pad_token_id
         self.history_len = history_length(args.history)
         self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA weights
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
-        self.actor = ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature) if args.rollout == "hf" \
-            else vllm_policy(model, tokenizer, args)  # [run] --rollout vllm: vLLM decodes, behind the same act()
+        self.actor = (ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature, args.rollout_batch)
+                      if args.rollout == "hf" else vllm_policy(model, tokenizer, args))  # [run] vLLM: the same act()
         self.warmstart = run_warmstart(args, ckpt)  # [run] the warm start each checkpoint carries a copy of
         self.iteration_done = restore_training_state(ckpt, self.optimizer, self.rng) if ckpt else 0  # [run]
         if self.dist.rank:  # [distributed] the same tasks (self.rng) everywhere, other samples per process

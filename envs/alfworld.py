@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from envs import INVALID_PENALTY, SPLITS as ENV_SPLITS, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
-from errors import DataError
+from errors import DataError, UserError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
 SPLITS = ENV_SPLITS["alfworld"]
@@ -147,6 +147,19 @@ def find_games(root: Path, split: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- engine
+ENGINE_PACKAGES = ("textworld", "alfworld", "tatsu")  # what playing a game imports (fast-downward for the planner)
+
+
+def check_engine() -> None:
+    """ALFWorld's engine is installed, or one line that says so (before any game is read or model loaded)."""
+    import importlib.util
+
+    missing = [name for name in ENGINE_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"ALFWorld's engine is not installed here (no {', '.join(missing)} package): run bash "
+                        "install.sh, or pip install --no-deps alfworld==0.4.2 textworld==1.7.0 as install.sh does")
+
+
 def _engine(gamefile: str, max_episode_steps: int, expert: str = "handcoded"):
     """One real ALFWorld TextWorld env for one game, with an expert attached: "handcoded" (the
     package's scripted expert, its next action) or "planner" (the PDDL planner, fast-downward:
@@ -259,6 +272,7 @@ class AlfWorldEnv:
     default_eval_split = "valid_unseen"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 50):
+        check_engine()
         self.root = resolve_data_dir(data_dir)
         self.max_steps = max_steps
         self._engines: dict[str, list] = {}  # gamefile -> idle engines, reused across resets

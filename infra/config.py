@@ -24,7 +24,7 @@ from envs import SPLITS, history_length
 from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags
-from infra.models import default_model_name, resolve_dtype
+from infra.models import check_available, default_model_name, resolve_dtype
 from vllm_rollout import missing as vllm_missing
 
 
@@ -47,6 +47,7 @@ class RunArgs:
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
     env_timeout: float = 600.0  # seconds an env worker may take to answer one reset or step before it counts as crashed
     rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
+    rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
     vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
     gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
@@ -57,6 +58,7 @@ class RunArgs:
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
+    demo_data: bool = False  # with --preset gpu: train on the shipped demo games on purpose (else the real data is required)
     output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo|-cpu-learn]; with --resume: that run's
     resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
 
@@ -91,10 +93,16 @@ CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games 
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
-                     "samples_per_iter", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
+                     "samples_per_iter", "rollout_batch", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "preset", "report_to")
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
 DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
+REAL_DATA = {  # where each env's real data comes from (docs/environments.md)
+    "alfworld": "on a connected machine, pip install alfworld==0.4.2 and run alfworld-download, then set ALFWORLD_DATA "
+                "(or --data-dir) to the folder that holds json_2.1.1",
+    "webshop": "fetch upstream WebShop's items_shuffle.json, items_ins_v2.json and items_human_ins.json (its "
+               "setup.sh), then set WEBSHOP_DATA (or --data-dir) to their folder",
+}
 
 
 def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
@@ -140,7 +148,7 @@ def resolve_defaults(args) -> None:
 
 # Flags added after some runs were saved: a config.json without one takes its default, said in one line.
 # A config.json without any other flag is not a complete train.py config and is refused.
-LATER_FLAGS = ("episode_stats", "lora_layers", "env_timeout")
+LATER_FLAGS = ("episode_stats", "lora_layers", "rollout_batch", "demo_data", "env_timeout")
 
 
 def resume_args(cls, given: dict):
@@ -235,7 +243,7 @@ def check_args(args) -> None:
                   "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
                   "temperature", "ppo_clip", "grad_clip", "eval_games", "env_timeout"),
         non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
-                      "eval_every", "samples_per_iter", "gigpo_omega", "lora_layers"),
+                      "eval_every", "samples_per_iter", "gigpo_omega", "rollout_batch", "lora_layers"),
         finite=("lam", "mult_eps", "gigpo_gamma"),
     )
     if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above
@@ -271,11 +279,31 @@ def check_args(args) -> None:
     if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:
         problems.append(f"--init-adapter {args.init_adapter}: no adapter_config.json there (pass a "
                         "tools/warmstart.py output folder, or none)")
+    if args.load_in_4bit and args.model == "tiny":
+        problems.append("--load-in-4bit: the tiny test model is built from its config and loads in float32 or bf16 only")
+    if args.preset == "gpu" and not args.demo_data and not args.data_dir and not os.environ.get(DATA_VARIABLE[args.env]):
+        problems.append(f"--preset gpu trains on {args.env}'s real data, and none is given: {REAL_DATA[args.env]}; "
+                        f"or pass --demo-data to train on the shipped demo games on purpose")
     if problems:
         raise UserError("; ".join(problems))
+    check_available(args.model)  # a model that cannot be had is one line, in seconds, before anything is made
     if args.group_size == 1:
         print("warning: --group-size 1 gives every trajectory advantage 0 (no group to compare with): "
               "nothing will be learned", file=sys.stderr)
+
+
+def check_tasks(args, env) -> None:
+    """The evaluation split holds the games --eval-games asks for: with --preset gpu (and not --demo-data) one
+    line that stops the run before a model loads; elsewhere a warning that says how many each evaluation plays."""
+    if not args.eval_every:
+        return
+    split = args.eval_split or env.default_eval_split
+    have = len(env.tasks(split))
+    if have < args.eval_games:
+        short = f"the {split} split of {args.env}'s data holds {have} games, fewer than --eval-games {args.eval_games}"
+        if args.preset == "gpu" and not args.demo_data:
+            raise UserError(f"{short}: {REAL_DATA[args.env]}; or lower --eval-games")
+        print(f"warning: {short}: each evaluation plays those {have}", file=sys.stderr)
 
 
 def precision(dtype: str) -> str:

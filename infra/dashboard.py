@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from accelerate import PartialState
 from accelerate.tracking import TensorBoardTracker, TrackioTracker, WandBTracker
 
 PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}  # what to pip install
@@ -29,6 +30,7 @@ def open_tracker(report_to: str, run_dir: str | Path, config: dict):
     """The started tracker for --report-to, with the run's flags stored, or None for "none"."""
     if report_to == "none":
         return None
+    PartialState()  # accelerate's trackers log through its logging, which needs its state (a no-op when it exists)
     name = Path(run_dir).name
     if report_to == "tensorboard":
         tracker = TensorBoardTracker(name, Path(run_dir) / "tensorboard")

@@ -199,6 +199,33 @@ def check_model_source(name: str) -> None:
                             "model folder; use a model that transformers supports without it")
 
 
+def check_available(name: str, timeout: float = 5.0) -> None:
+    """A model that can be had now, or one line saying how to get it, in seconds (before a run folder or an env
+    is made): the tiny and embedded models, a local folder, an id already in the local Hugging Face cache, or
+    an id the hub answers for within `timeout` (HF_HUB_OFFLINE=1: the cache only)."""
+    if name in ("tiny", "smollm2") or Path(name).expanduser().exists():
+        return
+    check_model_source(name)
+    # deferred: the hub client only for a model named by its hub id
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return  # in the local cache: from_pretrained reads it from there
+    how = (f"on a connected machine run `huggingface-cli download {name}` and copy its cache here (or point HF_HOME "
+           "at it), or pass --model PATH, a model folder")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise UserError(f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {how}")
+    try:
+        huggingface_hub.model_info(name, timeout=timeout)
+    except RepositoryNotFoundError:
+        raise UserError(f"model {name}: the Hugging Face hub has no such model (or it is private): check the id, "
+                        "or pass --model PATH") from None
+    except Exception as err:  # the hub cannot be reached: a refused connection, a timeout, a proxy's answer
+        raise UserError(f"model {name} is not in the local Hugging Face cache and the hub cannot be reached "
+                        f"({type(err).__name__}): {how}") from None
+
+
 def default_model_name() -> str:
     """Qwen2.5-7B-Instruct on a CUDA machine, the embedded SmolLM2-135M-Instruct otherwise."""
     return QWEN_DEFAULT if torch.cuda.is_available() else "smollm2"
@@ -301,7 +328,18 @@ def load_policy(
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if load_in_4bit is None:
         load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")
+    if load_in_4bit and name == "tiny":
+        raise UserError("the tiny test model is built from its config and cannot load in 4-bit: save it to a folder "
+                        "(build_tiny_model(...).save_pretrained(DIR)) and pass that folder, or drop --load-in-4bit")
     tokenizer = load_tokenizer(name, announce)  # the embedded model's folder is made here, on its first load
+    if name == "smollm2" and load_in_4bit:  # its converted folder loads like any Hugging Face folder, quantized
+        source = _smollm2_source(announce)
+        if "gguf_file" in source:
+            raise UserError("the embedded model loads in 4-bit from its converted folder, which could not be written "
+                            "(see the line above): set SHARPO_CACHE to a writable folder, or drop --load-in-4bit")
+        return load_policy(str(source["pretrained_model_name_or_path"]), device=device, dtype=dtype, load_in_4bit=True,
+                           lora_r=lora_r, lora_alpha=lora_alpha, lora_layers=lora_layers, adapter=adapter, init_adapter=init_adapter,
+                           gradient_checkpointing=gradient_checkpointing, seed=seed, announce=announce)
     if name == "tiny":
         base = build_tiny_model(tokenizer, seed=seed)
     elif name == "smollm2":
@@ -366,6 +404,48 @@ def last_layers(base, n: int) -> dict:
     if n <= 0 or n >= total:
         return {}
     return {"layers_to_transform": list(range(total - n, total)), "layers_pattern": "layers"}
+
+
+QWEN7B_SHAPE = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                    num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, rms_norm_eps=1e-6)
+TINY_SHAPE = dict(vocab_size=1024, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)  # the same build on a CPU in seconds (tools/device_check.py --model tiny)
+
+
+def qwen7b_shape_model(device: str = "cuda", shape: dict | None = None, lora_r: int = 64):
+    """A Qwen2.5-7B-shaped model with random weights in nf4 4-bit with LoRA r 64, built from its config (no
+    download; timings do not depend on the weights' values), as load_policy's 4-bit path builds the real one:
+    every linear layer but the head a bitsandbytes Linear4bit (bf16 compute), peft's bitsandbytes LoRA layers
+    on them, bf16 elsewhere, non-reentrant gradient checkpointing. shape: other sizes (TINY_SHAPE for a CPU).
+    Returns (peft model, tokenizer)."""
+    # deferred: bitsandbytes only for 4-bit weights
+    import bitsandbytes as bnb
+
+    config = Qwen2Config(**(shape or QWEN7B_SHAPE), tie_word_embeddings=False, max_position_embeddings=32768)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and child_name != "lm_head":
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False, quant_type="nf4").to(device)
+                if child.bias is not None:
+                    q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                if device == "cpu":  # bitsandbytes 0.50's CPU repacking breaks training (load_policy says more)
+                    q.support_avx512bf16_for_cpu = False
+                setattr(module, child_name, q)
+    model.is_loaded_in_4bit = True  # what from_pretrained sets: peft then wraps the 4-bit layers in its bnb LoRA layers
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    tokenizer = build_tiny_tokenizer()  # ids decode to little text; the synthetic env ignores it
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    lora = LoraConfig(r=lora_r, lora_alpha=lora_r, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    return get_peft_model(model, lora), tokenizer
 
 
 def check_adapter_folder(adapter: str | os.PathLike) -> None:

@@ -50,15 +50,13 @@ from dataclasses import dataclass
 import infra.models  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
 # isort: split
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import train
 from envs import EnvStep, make_env, resolve_workers
 from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
-from infra.models import LORA_TARGETS, build_tiny_tokenizer, load_policy, resolve_dtype
+from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
 from rollout import rows_logprobs
 from segments import LogProbs
 
@@ -135,35 +133,6 @@ class SyntheticEnv:
 
     def close(self):
         pass
-
-
-def qwen7b_shape_model():
-    """A Qwen2.5-7B-shaped model with random weights, linear layers swapped for nf4 4-bit."""
-    # deferred: bitsandbytes only for 4-bit weights on a CPU
-    import bitsandbytes as bnb
-
-
-    config = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                         num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, max_position_embeddings=32768)
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(config)
-    torch.set_default_dtype(torch.float32)
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear) and child_name != "lm_head":
-                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4")
-                q.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False, quant_type="nf4").to("cuda")
-                if child.bias is not None:
-                    q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-                setattr(module, child_name, q)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    tokenizer = build_tiny_tokenizer()  # ids decode to little text; the synthetic env ignores it
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    peft_model = get_peft_model(model, LoraConfig(r=64, lora_alpha=64, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
-    return peft_model, tokenizer
 
 
 def bench_env(args: BenchArgs) -> dict:
