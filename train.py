@@ -224,6 +224,7 @@ class Trainer:
         sdar = trained & rows.has_hindsight[:, None] & self.algo.sdar  # (B, T) the SDAR term's tokens
         order = torch.Generator().manual_seed(args.seed * 100003 + self.iteration_done + 7919 * self.dist.rank)
         log = metrics.UpdateLog(self.iteration_done + 1, kl=args.kl_coef > 0, sdar=self.algo.sdar)  # [run]
+        fresh = True  # no weight has moved yet this iteration
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         for idx in log.progress(minibatches(B, args.minibatches, args.ppo_epochs, order), args.ppo_epochs * args.minibatches):
@@ -235,7 +236,8 @@ class Trainer:
                 micro = {k: v.to(device) for k, v in collate_rows([rows.rows[i] for i in part], self.pad_id).items()}
                 logp_new = response_logprobs(self.model, micro, temperature=args.temperature).float()  # (b, t)
                 sel = lambda x: None if x is None else x[part, : logp_new.shape[1]].to(device)  # noqa: E731  (b, t)
-                loss, s = policy_loss(logp_new, sel(logp.student), sel(credit.token_adv), sel(trained),  # (Eq. 6-7, 10)
+                old = logp_new.detach() if fresh else sel(logp.student)  # fresh: r = 1 exactly, not bf16's noise
+                loss, s = policy_loss(logp_new, old, sel(credit.token_adv), sel(trained),  # (Eq. 6-7, 10)
                                       num_tokens=n_tokens, ppo_clip=args.ppo_clip, logp_ref=sel(logp.ref),
                                       kl_coef=args.kl_coef, logp_teacher=sel(logp.teacher), sdar_mask=sel(sdar),
                                       num_sdar_tokens=n_sdar, sdar_coef=args.sdar_coef if self.algo.sdar else 0.0,
@@ -245,7 +247,9 @@ class Trainer:
                     break
                 loss.backward()
                 stats.append(s)
-            log.add(self.dist.step(self.optimizer, self.params, args.grad_clip, finite, log.total(stats)))  # [distributed]
+            step = self.dist.step(self.optimizer, self.params, args.grad_clip, finite, log.total(stats))  # [distributed]
+            fresh = fresh and step is None  # a skipped step moved nothing
+            log.add(step)
         return log.means()
 
     def evaluate(self) -> tuple[dict, dict]:

@@ -1,6 +1,8 @@
 """Compute only where credit flows: a row whose Ahat is 0 gets no teacher pass, and, when no KL
 or SDAR term reads it, no student pass and no place in the update. That must change no result
 (train.py stages 3-6; METHOD.md section 4)."""
+import json
+
 import pytest
 import torch
 
@@ -165,3 +167,19 @@ def test_samples_show_the_trajectories_that_move_first_and_null_where_the_teache
     assert moving and records[: len(moving)] == moving  # those whose advantage is not 0 come first
     assert all(isinstance(s["gap"], float) and s["token_delta"] for r in moving for s in r["segments"])
     assert all(s["gap"] is None and s["multiplier"] is None for r in records[len(moving):] for s in r["segments"])
+
+
+def test_bench_measures_the_ratio_before_any_step_from_numerics_alone(tmp_path):
+    """tools/bench.py --ratio-noise: one iteration's student pass against the update's own pass, before any
+    optimizer step; in float32 the two agree to rounding (nothing near the PPO window), and the figures are
+    written where --out says."""
+    from tools import bench
+
+    noise = bench.main(["--model", "tiny", "--episodes", "4", "--group-size", "2", "--steps", "2", "--new-tokens", "6",
+                        "--obs-words", "20", "--ways", "fp32,bf16", "--algos", "sharpo", "--ratio-noise",
+                        "--out", str(tmp_path / "noise.json")])
+    fp32, bf16 = noise["fp32 sharpo"], noise["bf16 sharpo"]
+    assert fp32["dtype"] == "fp32" and bf16["dtype"] == "bf16"
+    assert fp32["tokens"] > 0 and fp32["outside_clip"] == 0.0 and fp32["max_abs_log_ratio"] < 1e-4
+    assert bf16["tokens"] > 0 and bf16["max_abs_log_ratio"] >= fp32["max_abs_log_ratio"]
+    assert json.loads((tmp_path / "noise.json").read_text()) == noise

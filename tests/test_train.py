@@ -322,3 +322,39 @@ def test_shuffle_rewards_hands_the_same_advantages_to_other_episodes(tmp_path):
         idx = [i for i, x in enumerate(groups) if x == g]
         assert sorted(placebo[i] for i in idx) == pytest.approx(sorted(real[i] for i in idx))
     assert placebo != pytest.approx(real)  # seed 0, iteration 1: the draw moves at least one
+
+
+def test_the_first_step_takes_a_ratio_of_exactly_one(tmp_path):
+    """bf16 log-probs depend on how a pass lays out its rows, so the student pass (the context cache) and the
+    update's pass can disagree before any step (up to 0.2 nats a token on SmolLM2). The first optimizer step of an
+    iteration takes its ratio as exactly 1, since no weight has moved: here the student log-probs are shifted by
+    +-0.3 nats on purpose, and still nothing is clipped and the KL(old, new) estimate is 0 (one minibatch); with a
+    second minibatch the shifted log-probs are the old ones again (the ratio moves)."""
+    for minibatches in (1, 2):
+        args = _args(tmp_path / str(minibatches), minibatches=minibatches, ppo_epochs=1, kl_coef=0.0, groups=2,
+                     group_size=4)
+        trainer = _trainer(args)
+        trajs = trainer.rollout(1)
+        for i, t in enumerate(trajs):  # rewards that differ within each group: every row moves
+            t.steps[-1].reward = float(i % 2) * 10
+        rows = trainer.segments(trajs)
+        adv = trainer.advantage(trajs, rows)
+        logp = trainer.teacher(rows, adv)
+        noise = torch.where(torch.rand(logp.student.shape, generator=torch.Generator().manual_seed(0)) > 0.5, 0.3, -0.3)
+        logp.student = torch.where(rows.response_mask, logp.student + noise, logp.student)
+        stats = trainer.update(rows, adv, logp, trainer.credit(rows, adv, logp))
+        if minibatches == 1:
+            assert stats["update/clip_frac"] == 0.0 and stats["update/approx_kl_old"] == 0.0
+        else:
+            assert stats["update/clip_frac"] > 0.0
+
+
+def test_action_only_gaps_count_their_fallbacks_and_rlsd_refuses_the_flag(tmp_path):
+    """--gap-tokens action: the rows whose response held no <action> block (the stub's random text holds none) take
+    their gap over the whole response, and the line says how many (never a silent multiplier of 1); RLSD, whose
+    multiplier is per token, reads no gap and refuses the flag."""
+    args = _args(tmp_path, gap_tokens="action", algo="sharpo")
+    line, _ = _trainer(args).iteration()
+    assert line["gap_action_fallback"] == 1.0 and line["gap_abs_mean"] > 0
+    with pytest.raises(UserError, match="--gap-tokens action"):
+        _args(tmp_path / "r", gap_tokens="action", algo="rlsd")

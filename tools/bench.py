@@ -44,8 +44,10 @@ errors.quiet_start(__name__)
 
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import infra.models  # noqa: F401  first: it quiets two third-party notices before peft loads bitsandbytes
 # isort: split
@@ -57,8 +59,8 @@ from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
-from rollout import rows_logprobs
-from segments import LogProbs
+from rollout import response_logprobs, rows_logprobs
+from segments import LogProbs, collate_rows, length_batches
 
 
 @dataclass
@@ -80,6 +82,8 @@ class BenchArgs:
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
     repeats: int = 1  # timed iterations per way and algorithm (alternating); the figures are their medians
     ways: str = "new,old"  # how each iteration runs, comma-separated (WAYS): new (train.py's), old (float32, teacher rows whole), no-skipping
+    ratio_noise: bool = False  # instead of timing: the PPO ratio before any step, from numerics alone, per way
+    preset: str = ""  # with --ratio-noise: a train.py preset (cpu-demo, cpu-learn) on its real env, not the synthetic one
     out: str | None = None  # also write the figures as JSON here
 
 
@@ -203,6 +207,33 @@ class BenchTrainer(train.Trainer):
         return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)
 
 
+@torch.no_grad()
+def ratio_noise(trainer) -> dict:
+    """The PPO ratio exp(logp_new - logp_student) before any optimizer step, which is 1 in exact arithmetic:
+    one iteration's stages 1-5, then the update's own pass (response_logprobs over its micro-batches) on the
+    first minibatch's trained tokens. Returns the share of them outside [1 - clip, 1 + clip] (what would be
+    clipped from noise alone) and the mean and max |log ratio|."""
+    args = trainer.args
+    trajs = trainer.rollout(trainer.iteration_done + 1)
+    rows = trainer.segments(trajs)
+    adv = trainer.advantage(trajs, rows)
+    logp = trainer.teacher(rows, adv)
+    order = torch.Generator().manual_seed(args.seed * 100003 + trainer.iteration_done)
+    idx = next(train.minibatches(len(rows.rows), args.minibatches, args.ppo_epochs, order))
+    device = trainer.model.get_input_embeddings().weight.device
+    diffs = []
+    for part in length_batches([i for i in idx if adv.in_loss[i]], rows.rows, args.micro_batch_rows):
+        micro = {k: v.to(device) for k, v in collate_rows([rows.rows[i] for i in part], trainer.pad_id).items()}
+        new = response_logprobs(trainer.model, micro, temperature=args.temperature).float().cpu()  # (b, t)
+        mask = rows.response_mask[part, : new.shape[1]]  # (b, t)
+        diffs.append((new - logp.student[part, : new.shape[1]])[mask])
+    d = torch.cat(diffs) if diffs else torch.zeros(0)
+    outside = ((d.exp() - 1).abs() > args.ppo_clip).float()
+    return {"tokens": int(d.numel()), "outside_clip": float(outside.mean()) if d.numel() else 0.0,
+            "mean_abs_log_ratio": float(d.abs().mean()) if d.numel() else 0.0,
+            "max_abs_log_ratio": float(d.abs().max()) if d.numel() else 0.0}
+
+
 def forced_lengths(trainer, new_tokens: int):
     """Every response exactly `new_tokens` long (end-of-turn blocked until then): the same work for every
     algorithm, for timing only (off-policy: never in training)."""
@@ -261,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise UserError(f"--ways: unknown {', '.join(unknown)}; choose from {', '.join(WAYS)}")
     groups = max(1, args.episodes // args.group_size)
     trainers, models = {}, {}
-    for way in ways:
+    for way in ways if not (args.ratio_noise and args.preset) else []:
         setting = WAYS[way]
         if args.model == "qwen7b-shape":  # bf16 with nf4 weights whatever the way: only the teacher pass differs
             if not torch.cuda.is_available():
@@ -282,6 +313,21 @@ def main(argv: list[str] | None = None) -> dict:
                 args.steps, args.obs_words, args.group_size, args.tied_groups)), args.new_tokens)
             trainer.skip_rows, trainer.reuse_context = setting["skip_rows"], setting["reuse_context"]
             trainers[f"{way} {algo}"] = (dtype, trainer)
+    if args.ratio_noise and args.preset:  # train.py's preset itself, on its env, in each way's precision
+        trainers = {}
+        for way in ways:
+            unused = str(Path(tempfile.gettempdir()) / "sharpo-bench-noise")  # a Trainer alone writes no run folder
+            targs = train.parse_args(["--preset", args.preset, "--algo", algos[0], "--dtype", WAYS[way]["dtype"],
+                                      "--eval-every", "0", "--output-dir", unused])
+            trainers[f"{way} {algos[0]}"] = (targs.dtype, train.Trainer(targs))
+    if args.ratio_noise:  # no timing: each way's ratio before any step
+        noise = {name: {"dtype": dtype, **ratio_noise(trainer)} for name, (dtype, trainer) in trainers.items()}
+        for name, r in noise.items():
+            print(f"  {name:22s} {r['dtype']:>5s}: {r['outside_clip']:.2%} of {r['tokens']} first-minibatch tokens outside "
+                  f"the PPO window from noise; |log ratio| mean {r['mean_abs_log_ratio']:.2e}, max {r['max_abs_log_ratio']:.2e}")
+        if args.out:
+            Path(args.out).write_text(json.dumps(noise, indent=1))
+        return noise
     timings = {name: [] for name in trainers}
     for way in ways:  # way by way, each after its own warm-up; within a way the algorithms alternate (see below)
         trainers[f"{way} {algos[0]}"][1].iteration()  # warm-up: the first iteration after a switch of way runs slower
