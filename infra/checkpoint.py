@@ -54,7 +54,7 @@ from safetensors.torch import load_file, save_file
 from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
-CHECKPOINT_NAME = re.compile(r"iter-(\d{6})")  # the only names train.py gives a checkpoint
+CHECKPOINT_NAME = re.compile(r"iter-(\d{6,})")  # the names train.py gives a checkpoint: iter-{n:06d}
 SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # Tests set this to a function of one argument (the name of a point where the run folder is
@@ -167,7 +167,9 @@ def trim_log(path: Path, iteration: int) -> int:
 def checkpoint_number(folder: Path) -> int | None:
     """The iteration in a checkpoint folder's name (iter- + digits, a real folder, not a link), else None."""
     m = CHECKPOINT_NAME.fullmatch(folder.name)
-    return int(m.group(1)) if m and folder.is_dir() and not folder.is_symlink() else None
+    if not m or folder.name != f"iter-{int(m.group(1)):06d}":  # iter-000001 and iter-1000000, not iter-0000001
+        return None
+    return int(m.group(1)) if folder.is_dir() and not folder.is_symlink() else None
 
 
 def is_complete(folder: Path) -> bool:

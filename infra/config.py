@@ -74,7 +74,7 @@ PRESETS = {
         max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=0, lora_layers=10,
     ),  # LoRA on the last 10 of SmolLM2's 30 layers: a third of the backward; the run ends with its segments, not an eval
     "cpu-learn": dict(  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
-        # (results/learning-cpu/sweep): at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
+        # (results/learning-cpu/sweep, in git history at e287449): at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
         # 4 tasks x 4 rollouts for 8 iterations, 4 optimizer steps each: its runs saw 8-15 groups holding both a
         # win and a loss (the groups that say "take the object the task names"), 2 x 8 for 4 iterations saw 2-5
         model="smollm2", lora_r=8, lora_alpha=16, lr=3e-4, kl_coef=0.0, iterations=8, groups=4, group_size=4,

@@ -10,6 +10,8 @@ def test_dry_run_measures_every_part(tmp_path):
     out = device_check.main(["--model", "tiny", "--out", str(tmp_path / "dc.json")])
     assert out["decode_tok_s_batch4"] > 0 and out["decode_tok_s_batch8"] > 0
     assert out["no_grad_tok_s"] > out["update_tok_s"] > 0  # a backward costs more than the forward alone
+    peaks = [k for k in out if k.startswith("prefill_peak_gb_")]
+    assert peaks and all(out[k] >= 0 for k in peaks)
     stages = out["iteration"]
     for stage in ("rollout", "student", "teacher", "update", "iteration"):
         assert stages[f"seconds/{stage}"] >= 0
@@ -20,7 +22,7 @@ def test_dry_run_measures_every_part(tmp_path):
 
 def test_a_spent_budget_skips_parts():
     out = device_check.main(["--model", "tiny", "--budget-s", "0"])
-    assert out["skipped"] == ["decode batch 4", "decode batch 8", "no-grad and update passes", "one iteration"]
+    assert out["skipped"] == ["decode batch 4", "decode batch 8", "prefill", "no-grad and update passes", "one iteration"]
     assert "no_grad_tok_s" not in out
 
 

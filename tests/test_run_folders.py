@@ -49,6 +49,11 @@ def test_checkpoints_sort_by_iteration_not_by_name(tmp_path):
         folder.mkdir(parents=True)
         (folder / "state.json").write_text(json.dumps({"iteration": n}))
     assert checkpoint.find_checkpoint(tmp_path).name == "iter-1000000"
+    padded = tmp_path / "checkpoints" / "iter-0000002"  # not a name train.py writes: never taken for the run's
+    padded.mkdir()
+    (padded / "state.json").write_text(json.dumps({"iteration": 2}))
+    assert checkpoint.find_checkpoint(tmp_path).name == "iter-1000000"
+    assert [p.name for p in checkpoint.run_checkpoints(tmp_path)] == ["iter-999999", "iter-1000000"]
 
 
 def test_latest_must_point_into_its_own_run(run2, tmp_path):

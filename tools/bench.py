@@ -8,7 +8,7 @@ same for every algorithm; the env packages are not imported, so it also runs on 
 without alfworld. Way by way: one warm-up iteration, then --repeats timed iterations of each
 algorithm, alternating (A B, then B A, ...), each figure their median; the ratios compare timed
 iterations of one run. When the ways were interleaved, the first iteration after each switch of
-model (float32 to bf16) ran slower: in results/bench-faster-loop/bench-interleaved.json the SHARPO /
+model (float32 to bf16) ran slower: in results/bench-faster-loop/bench-interleaved.json (git history, e287449) the SHARPO /
 GRPO ratio of the two repeats came out 1.237 and 0.935, each time high for the algorithm that ran
 first after the switch. Hence the warm-up per way; the alternation
 gives each algorithm each place equally often (use an even --repeats). The SHARPO / GRPO ratio is
