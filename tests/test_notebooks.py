@@ -11,9 +11,10 @@ NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("*.ipynb"))
 
 
-def test_there_are_four_walkthroughs():
-    """01 segments and advantages, 02 one training iteration, 03 reading a run, 04 does the credit land."""
-    assert [n[:2] for n in NOTEBOOKS] == ["01", "02", "03", "04"]
+def test_there_are_five_walkthroughs():
+    """01 segments and advantages, 02 one training iteration, 03 reading a run, 04 does the credit land,
+    05 when does segment credit help."""
+    assert [n[:2] for n in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
 
 
 def shows_something(cell) -> bool:

@@ -369,6 +369,7 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
         scores[name] = torch.where(won, -value, value) if name != "grpo" else value
     expert = expert_labels
     return {"game": [trajs[i].task_id for i, _, _ in steps_kept], "won": won.tolist(),
+            "episode": [i for i, _, _ in steps_kept], "step": [k for _, k, _ in steps_kept],
             "adv": [float(adv[i]) for i, _, _ in steps_kept],
             "label": [labels[i][k] for i, k, _ in steps_kept], "label_expert": [expert[i][k] for i, k, _ in steps_kept],
             "action": [s.action for _, _, s in steps_kept], "copies": len(steps) - len(keep),
@@ -401,6 +402,8 @@ SCORE_ROWS = ([("method", f"plan/{t}") for t in ("all", "action", "rlsd")]
 
 
 def print_table(table: dict, info: dict) -> None:
+    """The AUC table as text: a column only where some AUC is defined (no won episode: no credit column), a row
+    only where its score has one (the rows left out are counted), every number rounded."""
     def cell(x):
         return "n/a" if x["auc"] != x["auc"] else f"{x['auc']:.3f} [{x['low']:.2f}, {x['high']:.2f}]"
 
@@ -411,20 +414,67 @@ def print_table(table: dict, info: dict) -> None:
     print(f"  blame: {c['blame/label']['steps']} steps of failed episodes, {c['blame/label']['positives']} mistakes "
           f"(planner label); credit: {c['credit/label']['steps']} steps of won episodes, "
           f"{c['credit/label']['positives']} agreeing")
-    print(f"  {'kind':10s} {'score':18s} {'blame AUC, planner':>24s} {'blame AUC, handcoded':>24s} "
-          f"{'credit AUC, planner':>24s}")
+    columns = [(key, title) for key, title in (("blame/label", "blame AUC, planner"), ("blame/label_expert",
+               "blame AUC, handcoded"), ("credit/label", "credit AUC, planner"))
+               if any(table["scores"][name][key]["auc"] == table["scores"][name][key]["auc"] for _, name in SCORE_ROWS)]
+    print(f"  {'kind':10s} {'score':18s} " + " ".join(f"{title:>24s}" for _, title in columns))
+    left_out = 0
     for kind, name in SCORE_ROWS:
         row = table["scores"][name]
-        print(f"  {kind:10s} {name:18s} {cell(row['blame/label']):>24s} {cell(row['blame/label_expert']):>24s} "
-              f"{cell(row['credit/label']):>24s}")
+        if all(row[key]["auc"] != row[key]["auc"] for key, _ in columns):
+            left_out += 1
+            continue
+        print(f"  {kind:10s} {name:18s} " + " ".join(f"{cell(row[key]):>24s}" for key, _ in columns))
+    if left_out:
+        print(f"  ({left_out} score(s) left out: undefined on these steps)")
     print("  paired differences of AUC (planner label), 95% interval over games (the best no-teacher score is picked\n"
           "  on these same steps: that difference favours it, and its interval leaves the pick out):")
     for key, d in table["paired"].items():
-        print(f"    {key:38s} {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
-    g = info["gaps"]
+        if d["diff"] == d["diff"]:
+            print(f"    {key:38s} {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
+    g = {k: ("n/a" if not isinstance(v, float) or v != v else f"{v:+.3f}" if k.startswith("gap_mean") else f"{v:.3f}")
+         for k, v in info["gaps"].items()}
     print(f"  real teacher's gap g: mean {g['gap_mean_mistakes']} on mistakes, {g['gap_mean_others']} on other "
           f"steps, mean |g| {g['gap_abs_mean']}; multiplier std {g['mult_std/all']}, at the bound {g['at_bound/all']}")
     print("  (0.5 = chance; grpo weighs every step the same, so 0.5 is its value by construction)")
+
+
+def mistakes_png(data: dict, path: Path, placebo: str = "shuffled", max_episodes: int = 3) -> list[int]:
+    """One panel per failed episode (the first `max_episodes` with a labelled step): each step's multiplier
+    m - 1 under the real teacher and under a placebo, side by side, the planner's mistakes marked. Returns
+    the episodes drawn."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib.pyplot as plt
+
+    episodes = []
+    for b, e in enumerate(data["episode"]):
+        if not data["won"][b] and data["label"][b] is not None and e not in episodes:
+            episodes.append(e)
+    episodes = episodes[:max_episodes]
+    fig, axes = plt.subplots(1, max(len(episodes), 1), figsize=(4 * max(len(episodes), 1), 2.8), dpi=80, squeeze=False)
+    for ax, e in zip(axes[0], episodes):
+        idx = sorted((b for b in range(len(data["episode"])) if data["episode"][b] == e), key=lambda b: data["step"][b])
+        x = range(len(idx))
+        real = [data["scores"]["plan/all"][b] - 1 for b in idx]
+        fake = [data["scores"][f"{placebo}/all"][b] - 1 for b in idx]
+        ax.bar([i - 0.2 for i in x], real, 0.4, label="real teacher", color="tab:blue")
+        ax.bar([i + 0.2 for i in x], fake, 0.4, label=f"placebo ({placebo} plan)", color="tab:gray")
+        labels = [("MISTAKE\n" if data["label"][b] is False else "") + str(data["action"][b] or "(invalid)")[:14]
+                  for b in idx]
+        ax.set_xticks(list(x), labels, fontsize=6, rotation=30, ha="right")
+        for tick, b in zip(ax.get_xticklabels(), idx):
+            tick.set_color("tab:red" if data["label"][b] is False else "black")
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set(title=f"failed episode {e}", ylabel="blame weight m - 1")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return episodes
 
 
 def roc_png(data: dict, path: Path) -> None:

@@ -10,7 +10,7 @@ The saved outputs are made portable and small, so that running this again leaves
 tests/test_notebooks.py re-executes every notebook, checks the committed ones obey these rules,
 and checks that a fresh run, cleaned the same way, still does.
 
-Run: python -m tools.notebooks               (all four, a few minutes on 2 CPU cores)
+Run: python -m tools.notebooks               (all five, a few minutes on 2 CPU cores)
      python -m tools.notebooks --names 02_one_training_iteration.ipynb
 """
 from __future__ import annotations
