@@ -357,7 +357,12 @@ def test_compare_starts_runs_seed_by_seed_and_passes_a_stop_on(tmp_path, monkeyp
         started.append((algo, seed))
         # the fake run says when its interpreter is up: a SIGINT that lands during Python's own start-up ends it
         # with exit code 1, not -SIGINT (a slow start on a loaded machine made this test fail at random)
-        procs.append(subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"],
+        # and it takes SIGINT as train.py does (quiet_start, then catch_sigterm, install their own handler): a
+        # process started as a shell's background job inherits SIGINT ignored, and so would the fake runs of a
+        # pytest started that way, which would then sleep through compare's stop and exit 0
+        fake_run = ("import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "print('up', flush=True); time.sleep(300)")
+        procs.append(subprocess.Popen([sys.executable, "-c", fake_run],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         assert procs[-1].stdout.readline().strip() == "up"
         return procs[-1]
