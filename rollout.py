@@ -6,13 +6,13 @@ repetition penalty (the model's own generation defaults are overridden, METHOD.m
 env plays every live episode; finished episodes leave the batch. Each step is stored with
 exactly the ids generate was fed (c_k) and sampled (a_k), so training never re-tokenizes.
 
-`response_logprobs` is the one log-prob function for student, teacher and reference:
-    logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only,
-computed in chunks so the full (B, L, V) float32 logits never exist at once.
-`student_teacher_logprobs` scores a student row and its teacher row with one decoder pass over
-what they share: the teacher's row is the student's context, then the hindsight block, then the
-same response (segments.py), so the teacher continues from the student's cache and pays only for
-its block and the response.
+The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
+computation (`row_logprobs`), written plainly: one forward over the row, then
+    logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only.
+`student_teacher_logprobs` applies it to the student's rows and to the teacher's rows (the same
+response after a context with the hindsight block, segments.py). Each function takes `fast`: a
+speed.FastPath computes the same numbers batched, the teacher continuing the student's KV cache and
+the output head in chunks (the `[speed]` path, speed.py; train.py uses it unless --plain).
 
 Precision: with bf16 base weights the decoder runs under bf16 autocast; the output head, the
 log-softmax and every loss term run in float32. Loading the model is infra/models.py's job.
@@ -20,15 +20,13 @@ log-softmax and every loss term run in float32. Loading the model is infra/model
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
-import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
 from errors import UserError
-from segments import Row, Step, Trajectory, collate_rows, generation_prompt_ids, length_batches, shared_prefix_len
+from segments import Row, Rows, Step, Trajectory, generation_prompt_ids
 
 
 def autocast(model):
@@ -37,188 +35,76 @@ def autocast(model):
     return torch.autocast(weight.device.type, dtype=torch.bfloat16, enabled=weight.dtype == torch.bfloat16)
 
 
-
 # ----------------------------------------------------------------------------- log-probs
-def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: torch.Tensor, temperature: float = 1.0,
-                  max_logit_elems: int = 2**26) -> torch.Tensor:
-    """log softmax(lm_head(h) / temperature)[target], in float32, T-chunk by T-chunk: (B, T), 0 past `length`.
+def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(a_t | c, a_<t) of one row's response tokens, (n,): the plain computation.
 
-    hidden (B, T, H): the hidden state before each response token; targets (B, T): the tokens;
-    length (B,): response tokens per row. At most `max_logit_elems` float32 logits exist at a time.
-    A head whose weights are not float32 (bf16 or a 4-bit model's bf16 head: 152064 x 3584 is 2 GiB in
-    float32) is never copied whole: the log-softmax's normaliser is summed over vocabulary chunks, each made
-    float32 in turn and, under autograd, recomputed in the backward pass instead of kept (_head_logsumexp).
+    One forward over the whole row, no padding, no cache. The logits are divided by the sampling
+    temperature (as verl does), so these are the log-probs of the policy the tokens came from. With
+    bf16 base weights the decoder runs under bf16 autocast; the head and log-softmax in float32.
     """
-    B, T = targets.shape
-    head = model.get_output_embeddings()
-    weight, bias = head.weight, head.bias  # (V, H), (V,) or None
-    V = weight.shape[0]
-    chunk = max(1, max_logit_elems // (B * V))
-    pieces = []
-    with torch.autocast(hidden.device.type, enabled=False):  # float32 from here on
-        for s in range(0, T, chunk):
-            h, y = hidden[:, s : s + chunk].float(), targets[:, s : s + chunk]  # (B, c, H), (B, c)
-            if weight.dtype == torch.float32:  # the whole head at once: no copy is made
-                logits = torch.nn.functional.linear(h, weight, bias) / temperature  # (B, c, V)
-                pieces.append(logits.log_softmax(-1).gather(-1, y[..., None]).squeeze(-1))  # (B, c)
-                continue
-            target = (h * weight[y].float()).sum(-1) + (0.0 if bias is None else bias[y].float())  # (B, c) logit
-            pieces.append(target / temperature - _head_logsumexp(h, weight, bias, temperature, max_logit_elems))
-    logp = torch.cat(pieces, dim=1)  # (B, T)
-    valid = torch.arange(T, device=targets.device)[None, :] < length[:, None]  # (B, T) True = a real response token
-    return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
-
-
-def _head_logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float, max_logit_elems: int) -> torch.Tensor:
-    """logsumexp over the vocabulary of linear(h, weight, bias) / temperature, (B, c), in float32, the vocabulary
-    in chunks of at most max_logit_elems logits; under autograd each chunk is recomputed in backward (checkpoint),
-    so no float32 copy of the head and no (B, c, V) logits are kept for it."""
-    rows = max(1, max_logit_elems // max(h.shape[0] * h.shape[1], 1))
-
-    def part(h, w, b):
-        return (torch.nn.functional.linear(h, w.float(), None if b is None else b.float()) / temperature).logsumexp(-1)
-
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    parts = [torch.utils.checkpoint.checkpoint(part, h, weight[v : v + rows], None if bias is None else bias[v : v + rows],
-                                               use_reentrant=False) if grad else
-             part(h, weight[v : v + rows], None if bias is None else bias[v : v + rows])
-             for v in range(0, weight.shape[0], rows)]  # each (B, c)
-    return torch.logsumexp(torch.stack(parts, -1), -1)  # (B, c)
-
-
-def response_states(hidden: torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor, T: int):
-    """(the hidden states that predict each response token (B, T, H), those tokens (B, T)).
-
-    The [:, 1:] shift: the hidden state at position p predicts the token at p + 1, so the j-th
-    response token (at start + j) is scored from the hidden state at start + j - 1.
-    """
-    L = input_ids.shape[1]
-    offsets = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
-    pred_pos = (start[:, None] - 1 + offsets).clamp(max=L - 2)  # (B, T) (padding positions clamped, zeroed later)
-    targets = input_ids.gather(1, pred_pos + 1)  # (B, T)
-    return hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1])), targets  # (B, T, H), (B, T)
-
-
-def response_logprobs(
-    model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
-) -> torch.Tensor:
-    """log pi(x_t | x_<t) of every response token, response-aligned: (B, T), 0 on padding.
-
-    batch: collate_rows output on the model's device. temperature: the one the tokens were
-    sampled at (logits / T, as verl does), so the log-probs are those of the sampling policy.
-    The decoder runs once over the rows (bf16 autocast when the base weights are bf16); the
-    output head and log-softmax run in float32 only on the hidden states that predict response
-    tokens (head_logprobs).
-    """
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
-    start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
-    with autocast(model):
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False).last_hidden_state  # (B, L, H) no KV cache: nothing decodes after
-    h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
-    return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
-
-
-def rows_logprobs(model, rows: list[Row], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
-                  desc: str = "log-probs", only: torch.Tensor | None = None) -> torch.Tensor:
-    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T).
-    only (B,) bool: compute just those rows; the others stay 0."""
     device = model.get_input_embeddings().weight.device
-    out = torch.zeros(len(rows), T)
+    ids = torch.tensor([row.input_ids], device=device)  # (1, L)
+    with autocast(model):
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # (L, H)
+    # the [:, 1:] shift: the state at position p predicts the token at p + 1, so the response tokens
+    # (positions num_prompt .. L-1) are scored from the states at num_prompt-1 .. L-2
+    states = hidden[row.num_prompt - 1 : -1].float()  # (n, H)
+    head = model.get_output_embeddings()
+    bias = None if head.bias is None else head.bias.float()  # (V,)
+    logits = torch.nn.functional.linear(states, head.weight.float(), bias) / temperature  # (n, V)
+    return logits.log_softmax(-1).gather(-1, ids[0, row.num_prompt :, None]).squeeze(-1)  # (n,)
+
+
+def logprobs(model, rows: list[Row], temperature: float = 1.0, fast=None) -> torch.Tensor:
+    """The response log-probs of a few rows, response-aligned: (b, t), 0 past each row's response.
+
+    With gradient when grad is enabled (the update's pass). fast: speed.FastPath, or None for the
+    plain computation, one row at a time."""
+    if fast is not None:  # [speed] one padded pass over the rows (speed.py)
+        return fast.logprobs(model, rows, temperature)
+    t = max(len(r.response_ids) for r in rows)
+    out = [row_logprobs(model, r, temperature) for r in rows]  # each (n,)
+    return torch.stack([torch.nn.functional.pad(x, (0, t - len(x))) for x in out])  # (b, t)
+
+
+def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0, only: torch.Tensor | None = None,
+                  fast=None, desc: str = "log-probs") -> torch.Tensor:
+    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T); the others stay 0."""
+    if fast is not None:  # [speed] micro-batched padded passes (speed.py)
+        return fast.rows_logprobs(model, rows, T, temperature, only, desc)
+    out = torch.zeros(len(rows), T)  # (B, T)
     picked = [b for b in range(len(rows)) if only is None or only[b]]
     with torch.no_grad():
-        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
-            batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], pad_id).items()}
-            logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
-            out[part, : logp.shape[1]] = logp
+        for b in tqdm(picked, desc=desc, unit="row", leave=False):
+            logp = row_logprobs(model, rows[b], temperature).float().cpu()  # (n,)
+            out[b, : len(logp)] = logp
     return out
 
 
-def student_teacher_logprobs(model, rows: list[Row], teacher_rows: list[Row | None], pad_id: int, micro_batch_rows: int,
-                             temperature: float, T: int, student: torch.Tensor, taught: torch.Tensor,
-                             desc: str = "log-probs", watch=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad response log-probs of the `student` rows and of the `taught` rows' teacher rows: (B, T) each.
+def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
+                             temperature: float = 1.0, fast=None, desc: str = "log-probs",
+                             watch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad log-probs of the same response tokens a_k, by the student and by its teacher: (B, T) each.
 
-    A teacher row is its student row's context, then the hindsight block, then the same response
-    (segments.py), so the two share a prefix (segments.shared_prefix_len). Per micro-batch, one
-    decoder pass over the student rows, laid out so that every shared prefix ends at the same
-    column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
-    its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
-    header and response are computed. Position ids count real tokens, so left padding moves
-    nothing. Rows outside `student` stay 0, and so do teacher rows outside `taught`; `taught`
-    must lie within `student` (the teacher reads the student pass's cache). watch: a stopwatch
-    (`with watch("student"):`, infra/metrics.py) that gets each part's seconds.
+    The student scores its own rows (`student` (B,) selects which), the teacher the rows with the
+    hindsight block (`taught` (B,), within `student`). Both are kept over the response tokens only,
+    so position t of one is position t of the other: they align token for token although their
+    contexts differ. Rows not selected stay 0. watch: a stopwatch (`with watch("student"):`) that
+    gets each pass's seconds. fast (speed.FastPath): the teacher continues the student's KV cache.
     """
-    watch = watch or (lambda name: contextlib.nullcontext())
     if bool((taught & ~student).any()):
         raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
-    device = model.get_input_embeddings().weight.device
-    logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
-    picked = [b for b in range(len(rows)) if student[b]]
-    decoder = model.get_decoder()
-    with torch.no_grad(), autocast(model):
-        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
-            shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1 for b in part]
-            Lc = max(shared)
-            Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
-            ids = torch.full((len(part), Lc + Ls), pad_id, dtype=torch.long)  # (b, Lc + Ls)
-            mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
-            for j, (b, n) in enumerate(zip(part, shared)):
-                row = rows[b].input_ids
-                ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
-            with watch("student"):
-                ids, mask = ids.to(device), mask.to(device)
-                out = decoder(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                              use_cache=True)  # (b, Lc + Ls, H) and the KV cache
-                start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)], device=device)  # (b,)
-                length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
-                h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H), (b, t)
-                logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
-                logp_student[part, : logp.shape[1]] = logp
-            keep = [j for j, b in enumerate(part) if taught[b]]
-            if keep:
-                with watch("teacher"):
-                    logp_teacher[[part[j] for j in keep]] = _teacher_tails(
-                        model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared, length,
-                        pad_id, temperature, T, Ls)
+    if fast is not None:  # [speed] one pass over each shared context serves both (speed.py)
+        return fast.student_teacher_logprobs(model, rows, student, taught, temperature, desc, watch)
+    watch = watch or (lambda name: contextlib.nullcontext())
+    T = rows.response_mask.shape[1]
+    with watch("student"):
+        logp_student = rows_logprobs(model, rows.rows, T, temperature, student, desc=f"{desc} student")  # (B, T)
+    with watch("teacher"):
+        logp_teacher = rows_logprobs(model, rows.teacher_rows, T, temperature, taught,
+                                     desc=f"{desc} teacher")  # (B, T)
     return logp_student, logp_teacher
-
-
-def _cache_argument(model) -> str:
-    """The decoder's name for the KV cache: `cache` (transformers 5.24) or `past_key_values` (earlier 5.x)."""
-    return "cache" if "cache" in inspect.signature(model.get_decoder().forward).parameters else "past_key_values"
-
-
-def _cache_of(out):
-    """The KV cache a decoder pass returned, under either name (see _cache_argument)."""
-    return out["cache"] if "cache" in out.keys() else out["past_key_values"]
-
-
-def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[Row], shared: list[int],
-                   length: torch.Tensor, pad_id: int, temperature: float, T: int, Ls: int) -> torch.Tensor:
-    """The teacher rows `keep` of one micro-batch, continued from its student pass's cache (Lc + Ls
-    positions; ctx_mask (b, Lc): the shared contexts' real tokens): only block, header and
-    response are computed. Returns (k, T) response log-probs."""
-    device = ctx_mask.device
-    cache.crop(-Ls)  # back to the shared contexts (a negative count removes tokens, in every version)
-    cache.batch_select_indices(torch.tensor(keep, device=device))  # the taught rows only
-    tails = [teacher_rows[j].input_ids[shared[j] :] for j in keep]  # block, header, response
-    Lt = max(len(t) for t in tails)
-    tail_ids = torch.full((len(keep), Lt), pad_id, dtype=torch.long)  # (k, Lt) right-padded
-    tail_mask = torch.zeros_like(tail_ids)  # (k, Lt) 1 = real token
-    for i, t in enumerate(tails):
-        tail_ids[i, : len(t)], tail_mask[i, : len(t)] = torch.tensor(t), 1
-    tail_ids, tail_mask = tail_ids.to(device), tail_mask.to(device)
-    n_ctx = torch.tensor([shared[j] for j in keep], device=device)  # (k,) real context tokens before each tail
-    out = model.get_decoder()(
-        input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[keep], tail_mask], dim=1),  # (k, Lc + Lt)
-        position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
-        use_cache=True, **{_cache_argument(model): cache})  # (k, Lt, H)
-    start = torch.tensor([teacher_rows[j].num_prompt - shared[j] for j in keep], device=device)  # (k,)
-    t_len = length[keep]  # (k,) the same responses as the student rows
-    h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
-    logp = head_logprobs(model, h, targets, t_len, temperature).cpu()  # (k, t)
-    return torch.nn.functional.pad(logp, (0, T - logp.shape[1]))  # (k, T)
 
 
 # ----------------------------------------------------------------------------- sampling

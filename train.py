@@ -51,9 +51,10 @@ from infra.checkpoint import RunFolder, find_checkpoint, restore_training_state,
 from infra.cli import run
 from infra.config import RunArgs
 from infra.distributed import DataParallel
-from rollout import ModelPolicy, play_episodes, response_logprobs, rows_logprobs, student_teacher_logprobs
-from segments import (EXPERT_HEADLINE, Advantages, Credit, LogProbs, Rows, Trajectory, collate_rows, format_plan,
-                      length_batches, make_rows, sibling_hindsight)
+from rollout import ModelPolicy, logprobs, play_episodes, rows_logprobs, student_teacher_logprobs
+from segments import (EXPERT_HEADLINE, Advantages, Credit, LogProbs, Rows, Trajectory, format_plan, length_batches,
+                      make_rows, sibling_hindsight)
+from speed import FastPath
 from vllm_rollout import vllm_policy
 
 
@@ -123,6 +124,7 @@ class Trainer:
             model, tokenizer = run_policy(args, ckpt, self.dist.device)
         self.model, self.tokenizer, self.pad_id = model, tokenizer, tokenizer.pad_token_id
         self.history_len = history_length(args.history)
+        self.fast = None if args.plain else FastPath(self.pad_id, args.micro_batch_rows)  # [speed] speed.py
         self.params = [p for p in model.parameters() if p.requires_grad]  # the LoRA weights
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.actor = (ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature, args.rollout_batch)
@@ -193,14 +195,13 @@ class Trainer:
     def teacher(self, rows: Rows, adv: Advantages, watch=None) -> LogProbs:
         args, T, it = self.args, rows.response_mask.shape[1], self.iteration_done + 1
         self.model.eval()
-        student, teacher = student_teacher_logprobs(  # one pass over each context serves the student and its teacher
-            self.model, rows.rows, rows.teacher_rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
-            adv.in_loss, adv.taught, desc=f"iter {it} student+teacher", watch=watch)  # (B, T), (B, T)
+        student, teacher = student_teacher_logprobs(self.model, rows, adv.in_loss, adv.taught, args.temperature, self.fast,
+                                                    desc=f"iter {it}", watch=watch)  # (B, T), (B, T)
         ref = None
         if args.kl_coef > 0:
             with metrics.timed(watch, "reference"), self.model.disable_adapter():  # the base weights, no second copy
-                ref = rows_logprobs(self.model, rows.rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
-                                    desc=f"iter {it} reference", only=adv.in_loss)  # (B, T)
+                ref = rows_logprobs(self.model, rows.rows, T, args.temperature, adv.in_loss, self.fast,
+                                    desc=f"iter {it} reference")  # (B, T)
         return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)  # no hindsight: m = 1
 
     # 5. credit: the token advantage Ahat of --algo, from A_i and the teacher's gap (section 4)
@@ -233,8 +234,7 @@ class Trainer:
                 continue
             finite, stats = True, []
             for part in length_batches([i for i in idx if adv.in_loss[i]], rows.rows, args.micro_batch_rows):
-                micro = {k: v.to(device) for k, v in collate_rows([rows.rows[i] for i in part], self.pad_id).items()}
-                logp_new = response_logprobs(self.model, micro, temperature=args.temperature).float()  # (b, t)
+                logp_new = logprobs(self.model, [rows.rows[i] for i in part], args.temperature, self.fast)  # (b, t)
                 sel = lambda x: None if x is None else x[part, : logp_new.shape[1]].to(device)  # noqa: E731  (b, t)
                 old = logp_new.detach() if fresh else sel(logp.student)  # fresh: r = 1 exactly, not bf16's noise
                 loss, s = policy_loss(logp_new, old, sel(credit.token_adv), sel(trained),  # (Eq. 6-7, 10)

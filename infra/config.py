@@ -50,6 +50,7 @@ class RunArgs:
     rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
     vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
+    plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding
     gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
     eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
     eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)
@@ -93,7 +94,7 @@ CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games 
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
-                     "samples_per_iter", "rollout_batch", "micro_batch_rows", "gradient_checkpointing", "env_workers", "resume",
+                     "samples_per_iter", "rollout_batch", "micro_batch_rows", "plain", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "preset", "report_to")
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
 DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}

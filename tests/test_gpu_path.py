@@ -228,7 +228,7 @@ def test_the_prefill_memory_stays_flat_past_the_rollout_batch():
 def test_the_output_head_is_never_copied_to_float32_whole():
     """A bf16 head: the log-probs equal the float32 head's, and no float32 tensor as large as the head (or the
     logits) is kept for the backward pass."""
-    from rollout import head_logprobs
+    from speed import head_logprobs
 
     class Model(torch.nn.Module):
         def __init__(self, dtype):

@@ -1,11 +1,13 @@
-"""The log-prob passes (rollout.py): the teacher continues from the student's context cache, and
+"""The log-prob passes: rollout.py's plain ones (one forward per row) and speed.py's fast ones (batched,
+the teacher continuing the student's context cache, the head in chunks) give the same numbers, and
 bf16 computes what float32 does, within its precision (METHOD.md sections 2 and 5)."""
 import pytest
 import torch
 
+import rollout
 from infra.models import load_policy
-from rollout import rows_logprobs, student_teacher_logprobs
-from segments import build_row, build_teacher_row
+from segments import Rows, build_row, build_teacher_row, response_masks
+from speed import FastPath, rows_logprobs, student_teacher_logprobs
 
 torch.set_num_threads(1)
 
@@ -91,3 +93,76 @@ def test_bf16_weights_keep_the_lora_in_float32_and_score_in_float32():
     assert (got_s - ref_s).abs().max() < 0.05 and (got_t - ref_t).abs().max() < 0.05
     assert (got_s - plain).abs().max() < 0.05
     assert (got_s - ref_s).abs().max() > 0  # bf16 did run: the figures are not float32's
+
+
+def as_rows(rows, teacher_rows) -> Rows:
+    """A Rows container around hand-built rows (one trajectory each, no gap mask)."""
+    lengths = torch.tensor([len(r.response_ids) for r in rows])
+    B = len(rows)
+    return Rows(torch.arange(B), [None] * B, rows, teacher_rows, response_masks(lengths), None,
+                torch.zeros(B, dtype=torch.bool), torch.tensor([t is not None for t in teacher_rows]))
+
+
+def test_plain_and_fast_logprobs_are_equal():
+    """rollout.py's plain passes and speed.py's fast ones, behind the same calls, give the same
+    student, teacher and reference log-probs to 1e-5 in float32: on rows whose contexts differ
+    tenfold in length (the fast pass left-pads the short ones by hundreds of tokens), rows left out
+    of the student pass, rows without a teacher row and rows with one that is not asked for. The
+    update's pass (with gradient) gives the same values and the same gradients."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=2)
+    with torch.no_grad():  # a LoRA that is not zero, so the adapter's path is in the comparison too
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.eval()
+    long_history = [{"role": "user", "content": f"You arrive at cabinet {k}. The cabinet {k} is closed."}
+                    if k % 2 else {"role": "assistant", "content": f"<action>go to cabinet {k}</action>"}
+                    for k in range(1, 40)]
+    contexts = CONTEXTS + [long_history, [{"role": "user", "content": "look"}]]
+    responses = RESPONSES + ["<action>open cabinet 3</action>", "<think>a much longer thought " * 5 + "</think>"]
+    blocks = BLOCKS + ["1. open cabinet 3", None]
+    ids = [tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in responses]
+    rows = [build_row(tok, m, r) for m, r in zip(contexts, ids)]
+    teacher_rows = [None if h is None else build_teacher_row(tok, m, r, h) for m, r, h in zip(contexts, ids, blocks)]
+    lengths = [len(r.input_ids) for r in rows]
+    assert max(lengths) > 10 * min(lengths)  # the test can see a padding mistake
+    batch = as_rows(rows, teacher_rows)
+    student = torch.tensor([True, True, False, True, True])
+    taught = torch.tensor([True, False, False, True, False])  # row 1 has a teacher row, not asked; row 4 has none
+    fast = FastPath(tok.pad_token_id, micro_batch_rows=3)
+    plain_s, plain_t = rollout.student_teacher_logprobs(model, batch, student, taught)
+    fast_s, fast_t = rollout.student_teacher_logprobs(model, batch, student, taught, fast=fast)
+    assert (plain_s - fast_s).abs().max() < 1e-5 and (plain_t - fast_t).abs().max() < 1e-5
+    assert plain_s[2].abs().sum() == 0 and plain_t[~taught].abs().sum() == 0  # not asked: not computed
+    assert (plain_s != 0).sum() == sum(len(rows[b].response_ids) for b in range(5) if student[b])
+    assert (plain_t[taught] - plain_s[taught]).abs().max() > 1e-3  # the block changes the log-probs
+    T = batch.response_mask.shape[1]
+    with model.disable_adapter():
+        ref_plain = rollout.rows_logprobs(model, rows, T, 1.0, student)
+        ref_fast = rollout.rows_logprobs(model, rows, T, 1.0, student, fast=fast)
+    assert (ref_plain - ref_fast).abs().max() < 1e-5 and (ref_plain - plain_s).abs().max() > 1e-4
+    grads = []
+    for way in (None, fast):
+        model.zero_grad()
+        logp = rollout.logprobs(model, rows, 0.7, fast=way)  # (b, t) with gradient, at another temperature
+        logp.sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+        grads[-1]["logp"] = logp.detach()
+    assert (grads[0]["logp"] - grads[1]["logp"]).abs().max() < 1e-5
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4) for n in grads[0])
+
+
+def test_the_plain_path_trains_as_the_fast_one(tmp_path):
+    """One tiny iteration with --plain: the same episodes (the rollout does not depend on the path),
+    the same gaps and multipliers to 1e-5, and the same update to float rounding (Adam's first steps
+    turn rounding-sized gradient differences into step-sized ones, hence 1e-3 relative)."""
+    from tiny_runs import tiny_args, tiny_train
+
+    lines = [tiny_train(tiny_args(tmp_path / name, iterations=1, **kw))[0][0]
+             for name, kw in (("fast", {}), ("plain", {"plain": True}))]
+    assert lines[0]["mean_reward"] == lines[1]["mean_reward"] and lines[0]["rows"] == lines[1]["rows"]
+    for key in ("gap_mean", "gap_abs_mean", "mult_mean", "mult_std"):
+        assert lines[0][key] == pytest.approx(lines[1][key], abs=1e-5), key
+    for key in ("update/loss", "update/pg_loss"):
+        assert lines[0][key] == pytest.approx(lines[1][key], rel=1e-3), key
+    assert lines[0]["update/kl_ref"] == pytest.approx(lines[1]["update/kl_ref"], rel=1e-2)  # a small difference

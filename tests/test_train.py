@@ -11,7 +11,8 @@ from envs import draw_tasks
 from infra import metrics
 from infra.cli import UserError
 from infra.models import load_policy
-from rollout import ModelPolicy, play_episodes, response_logprobs
+from rollout import ModelPolicy, play_episodes
+from speed import response_logprobs
 from segments import build_row, collate_rows
 from stub_env import StubEnv
 from tiny_runs import flags

@@ -8,7 +8,7 @@ def tiny_args(out, **kw) -> "train.TrainArgs":
     base = dict(model="tiny", preset="none", iterations=3, groups=2, group_size=4, max_steps=2, max_new_tokens=8,
                 lr=1e-2, lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert", seed=5, output_dir=str(out))
     base.update(kw)
-    return train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in base.items()])
+    return train.parse_args(flags(**base))
 
 
 def tiny_train(args) -> tuple[list[dict], "train.Trainer"]:
@@ -18,8 +18,10 @@ def tiny_train(args) -> tuple[list[dict], "train.Trainer"]:
 
 
 def flags(**kw) -> list[str]:
-    """train.py's command line for these flag values."""
-    return [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+    """train.py's command line for these flag values (True and False: a boolean flag given or negated)."""
+    names = {k: k.replace("_", "-") for k in kw}
+    return [f"--{names[k]}" if v is True else f"--no-{names[k]}" if v is False else f"--{names[k]}={v}"
+            for k, v in kw.items()]
 
 
 def tiny_run_folder(tmp_path, name="run", **kw):

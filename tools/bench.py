@@ -59,7 +59,7 @@ from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
-from rollout import response_logprobs, rows_logprobs
+from speed import response_logprobs, rows_logprobs
 from segments import LogProbs, collate_rows, length_batches
 
 

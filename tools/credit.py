@@ -71,7 +71,8 @@ from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import WARMSTART
 from infra.models import load_policy, resolve_dtype
-from rollout import ModelPolicy, play_episodes, rows_logprobs
+from rollout import ModelPolicy, play_episodes
+from speed import rows_logprobs
 from segments import (
     EXPERT_HEADLINE,
     Trajectory,

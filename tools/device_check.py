@@ -45,7 +45,8 @@ import torch
 from infra.cli import UserError, parse_dataclass, run
 from infra.metrics import peak_memory_gb, reset_peak_memory
 from infra.models import TINY_SHAPE, qwen7b_shape_model
-from rollout import ModelPolicy, autocast, response_logprobs, sampling_config
+from rollout import ModelPolicy, autocast, sampling_config
+from speed import response_logprobs
 from segments import Row, collate_rows
 
 CARRY_LIMIT_MIB = 64  # what one device call may carry: the working tree and the carried paths together

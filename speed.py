@@ -1,0 +1,250 @@
+"""[speed] The fast versions of rollout.py's log-prob passes: the same numbers, computed faster.
+
+A reader of the method may skip this file: rollout.py computes the same log-probs plainly, one
+forward per row (`python train.py --plain` runs only that path; tests/test_logprobs.py checks the
+two agree to 1e-5 in float32). What is done here for speed and memory:
+  - rows are batched `micro_batch_rows` at a time, padded, with attention masks and position ids
+    that make the padding move nothing;
+  - the student's and its teacher's rows share a prefix (the student's whole context, segments.py):
+    one decoder pass over the student rows keeps its KV cache, and the teacher rows continue from it,
+    computing only their hindsight block, header and response;
+  - the output head and log-softmax run only on the hidden states that predict response tokens,
+    in float32, in chunks, so that the (B, L, V) float32 logits never exist at once, and a head whose
+    weights are not float32 is never copied to float32 whole.
+`FastPath` carries the settings these need; train.py hands one to rollout.py's functions unless
+--plain is given.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.utils.checkpoint
+from tqdm.auto import tqdm
+
+from rollout import autocast
+from segments import Row, Rows, collate_rows, length_batches, shared_prefix_len
+
+
+@dataclass
+class FastPath:
+    """[speed] rollout.py's log-prob functions, batched: `micro_batch_rows` rows a pass, padded with
+    `pad_id`. Each method has the signature of the rollout.py function of the same name."""
+
+    pad_id: int
+    micro_batch_rows: int = 4
+
+    def logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
+        """rollout.logprobs: one padded pass over the rows; (b, t) on the model's device."""
+        device = model.get_input_embeddings().weight.device
+        batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
+        return response_logprobs(model, batch, temperature=temperature).float()  # (b, t)
+
+    def rows_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
+                      only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
+        """rollout.rows_logprobs, micro-batch by micro-batch."""
+        return rows_logprobs(model, rows, self.pad_id, self.micro_batch_rows, temperature, T, desc, only)
+
+    def student_teacher_logprobs(self, model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
+                                 temperature: float = 1.0, desc: str = "log-probs",
+                                 watch=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """rollout.student_teacher_logprobs, the teacher rows continuing the student rows' cache."""
+        return student_teacher_logprobs(model, rows.rows, rows.teacher_rows, self.pad_id, self.micro_batch_rows,
+                                        temperature, rows.response_mask.shape[1], student, taught, desc, watch)
+
+
+# ----------------------------------------------------------------------------- the output head, in chunks
+def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: torch.Tensor,
+                  temperature: float = 1.0, max_logit_elems: int = 2**26) -> torch.Tensor:
+    """log softmax(lm_head(h) / temperature)[target] in float32, T-chunk by T-chunk: (B, T), 0 past `length`.
+
+    hidden (B, T, H): the hidden state before each response token; targets (B, T): the tokens;
+    length (B,): response tokens per row. At most `max_logit_elems` float32 logits exist at a time.
+    A head whose weights are not float32 (bf16 or a 4-bit model's bf16 head: 152064 x 3584 is 2 GiB
+    in float32) is never copied whole: the log-softmax's normaliser is summed over vocabulary
+    chunks, each made float32 in turn and, under autograd, recomputed in the backward pass
+    instead of kept (_head_logsumexp).
+    """
+    B, T = targets.shape
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, head.bias  # (V, H), (V,) or None
+    V = weight.shape[0]
+    chunk = max(1, max_logit_elems // (B * V))
+    pieces = []
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 from here on
+        for s in range(0, T, chunk):
+            h, y = hidden[:, s : s + chunk].float(), targets[:, s : s + chunk]  # (B, c, H), (B, c)
+            if weight.dtype == torch.float32:  # the whole head at once: no copy is made
+                logits = torch.nn.functional.linear(h, weight, bias) / temperature  # (B, c, V)
+                pieces.append(logits.log_softmax(-1).gather(-1, y[..., None]).squeeze(-1))  # (B, c)
+                continue
+            bias_y = 0.0 if bias is None else bias[y].float()  # (B, c)
+            target = (h * weight[y].float()).sum(-1) + bias_y  # (B, c) the target's logit
+            norm = _head_logsumexp(h, weight, bias, temperature, max_logit_elems)  # (B, c)
+            pieces.append(target / temperature - norm)
+    logp = torch.cat(pieces, dim=1)  # (B, T)
+    valid = torch.arange(T, device=targets.device)[None, :] < length[:, None]  # (B, T) a response token
+    return torch.where(valid, logp, torch.zeros_like(logp))  # (B, T)
+
+
+def _head_logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float,
+                    max_logit_elems: int) -> torch.Tensor:
+    """logsumexp over the vocabulary of linear(h, weight, bias) / temperature, (B, c), in float32,
+    the vocabulary in chunks of at most max_logit_elems logits; under autograd each chunk is
+    recomputed in backward (checkpoint), so no float32 copy of the head and no (B, c, V) logits are
+    kept for it."""
+    rows = max(1, max_logit_elems // max(h.shape[0] * h.shape[1], 1))
+
+    def part(h, w, b):
+        return (torch.nn.functional.linear(h, w.float(), None if b is None else b.float()) / temperature).logsumexp(-1)
+
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    parts = []
+    for v in range(0, weight.shape[0], rows):
+        w, b = weight[v : v + rows], None if bias is None else bias[v : v + rows]
+        parts.append(torch.utils.checkpoint.checkpoint(part, h, w, b, use_reentrant=False) if grad else part(h, w, b))
+    return torch.logsumexp(torch.stack(parts, -1), -1)  # (B, c)
+
+
+def response_states(hidden: torch.Tensor, input_ids: torch.Tensor, start: torch.Tensor, T: int):
+    """(the hidden states that predict each response token (B, T, H), those tokens (B, T)).
+
+    The [:, 1:] shift: the hidden state at position p predicts the token at p + 1, so the j-th
+    response token (at start + j) is scored from the hidden state at start + j - 1.
+    """
+    L = input_ids.shape[1]
+    offsets = torch.arange(T, device=input_ids.device)[None, :]  # (1, T)
+    pred_pos = (start[:, None] - 1 + offsets).clamp(max=L - 2)  # (B, T) (padding clamped, zeroed later)
+    targets = input_ids.gather(1, pred_pos + 1)  # (B, T)
+    states = hidden.gather(1, pred_pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
+    return states, targets
+
+
+# ----------------------------------------------------------------------------- batched rows
+def response_logprobs(
+    model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
+) -> torch.Tensor:
+    """log pi(x_t | x_<t) of every response token, response-aligned: (B, T), 0 on padding.
+
+    batch: collate_rows output on the model's device (right-padded rows). temperature: the one the
+    tokens were sampled at. The decoder runs once over the rows (bf16 autocast when the base
+    weights are bf16); the output head and log-softmax run in float32 only on the hidden states
+    that predict response tokens (head_logprobs).
+    """
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
+    start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
+    with autocast(model):
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     use_cache=False).last_hidden_state  # (B, L, H) nothing decodes after
+    h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
+    return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
+
+
+def rows_logprobs(model, rows: list[Row | None], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
+                  desc: str = "log-probs", only: torch.Tensor | None = None) -> torch.Tensor:
+    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T).
+    only (B,) bool: compute just those rows; the others stay 0."""
+    device = model.get_input_embeddings().weight.device
+    out = torch.zeros(len(rows), T)
+    picked = [b for b in range(len(rows)) if only is None or only[b]]
+    with torch.no_grad():
+        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
+            batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], pad_id).items()}
+            logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
+            out[part, : logp.shape[1]] = logp
+    return out
+
+
+# ----------------------------------------------------------------------------- the teacher from the student's cache
+def student_teacher_logprobs(model, rows: list[Row], teacher_rows: list[Row | None], pad_id: int,
+                             micro_batch_rows: int, temperature: float, T: int, student: torch.Tensor,
+                             taught: torch.Tensor, desc: str = "log-probs",
+                             watch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad response log-probs of the `student` rows and of the `taught` rows' teacher rows: (B, T) each.
+
+    A teacher row is its student row's context, then the hindsight block, then the same response
+    (segments.py), so the two share a prefix (segments.shared_prefix_len). Per micro-batch, one
+    decoder pass over the student rows, laid out so that every shared prefix ends at the same
+    column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
+    its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
+    header and response are computed. Position ids count real tokens, so left padding moves
+    nothing. Rows outside `student` stay 0, and so do teacher rows outside `taught`; `taught`
+    must lie within `student` (the teacher reads the student pass's cache). watch: a stopwatch
+    (`with watch("student"):`, infra/metrics.py) that gets each part's seconds.
+    """
+    watch = watch or (lambda name: contextlib.nullcontext())
+    if bool((taught & ~student).any()):
+        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
+    device = model.get_input_embeddings().weight.device
+    logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
+    picked = [b for b in range(len(rows)) if student[b]]
+    decoder = model.get_decoder()
+    with torch.no_grad(), autocast(model):
+        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
+            shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1
+                      for b in part]
+            Lc = max(shared)
+            Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
+            ids = torch.full((len(part), Lc + Ls), pad_id, dtype=torch.long)  # (b, Lc + Ls)
+            mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
+            for j, (b, n) in enumerate(zip(part, shared)):
+                row = rows[b].input_ids
+                ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
+            with watch("student"):
+                ids, mask = ids.to(device), mask.to(device)
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, Lc + Ls) real tokens before each
+                out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)],
+                                     device=device)  # (b,)
+                length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
+                h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H)
+                logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
+                logp_student[part, : logp.shape[1]] = logp
+            keep = [j for j, b in enumerate(part) if taught[b]]
+            if keep:
+                with watch("teacher"):
+                    logp_teacher[[part[j] for j in keep]] = _teacher_tails(
+                        model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared,
+                        length, pad_id, temperature, T, Ls)
+    return logp_student, logp_teacher
+
+
+def _cache_argument(model) -> str:
+    """The decoder's name for the KV cache: `cache` (transformers 5.24) or `past_key_values` (earlier 5.x)."""
+    params = inspect.signature(model.get_decoder().forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out):
+    """The KV cache a decoder pass returned, under either name (see _cache_argument)."""
+    return out["cache"] if "cache" in out.keys() else out["past_key_values"]
+
+
+def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[Row], shared: list[int],
+                   length: torch.Tensor, pad_id: int, temperature: float, T: int, Ls: int) -> torch.Tensor:
+    """The teacher rows `keep` of one micro-batch, continued from its student pass's cache (Lc + Ls
+    positions; ctx_mask (b, Lc): the shared contexts' real tokens): only block, header and
+    response are computed. Returns (k, T) response log-probs."""
+    device = ctx_mask.device
+    cache.crop(-Ls)  # back to the shared contexts (a negative count removes tokens, in every version)
+    cache.batch_select_indices(torch.tensor(keep, device=device))  # the taught rows only
+    tails = [teacher_rows[j].input_ids[shared[j] :] for j in keep]  # block, header, response
+    Lt = max(len(t) for t in tails)
+    tail_ids = torch.full((len(keep), Lt), pad_id, dtype=torch.long)  # (k, Lt) right-padded
+    tail_mask = torch.zeros_like(tail_ids)  # (k, Lt) 1 = real token
+    for i, t in enumerate(tails):
+        tail_ids[i, : len(t)], tail_mask[i, : len(t)] = torch.tensor(t), 1
+    tail_ids, tail_mask = tail_ids.to(device), tail_mask.to(device)
+    n_ctx = torch.tensor([shared[j] for j in keep], device=device)  # (k,) real context tokens before each tail
+    out = model.get_decoder()(
+        input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[keep], tail_mask], dim=1),  # (k, Lc + Lt)
+        position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
+        use_cache=True, **{_cache_argument(model): cache})  # (k, Lt, H)
+    start = torch.tensor([teacher_rows[j].num_prompt - shared[j] for j in keep], device=device)  # (k,)
+    t_len = length[keep]  # (k,) the same responses as the student rows
+    h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
+    logp = head_logprobs(model, h, targets, t_len, temperature).cpu()  # (k, t)
+    return torch.nn.functional.pad(logp, (0, T - logp.shape[1]))  # (k, T)
