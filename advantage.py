@@ -6,7 +6,7 @@ Equations (METHOD.md; each line that implements one carries its tag):
   (Eq. 3) g_i,k  = mean_{t in a_k} delta_t                                            segment gap
   (Eq. 4) m_i,k  = clip(exp(sign(A_i) * g_i,k), 1 - eps_m, 1 + eps_m)                 multiplier
   (Eq. 5) Ahat_i,t = A_i * ((1 - lam) + lam * m_i,k(t))                                token advantage
-  (Eq. 6) L_pg   = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) ),  r = exp(logp_new - logp_student)
+  (Eq. 6) L_pg   = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) ),  r = exp(logp_new - logp_old)
   (Eq. 7) L_kl   = token_mean( k3(logp_ref, logp_new) )
 Baselines, one argument apart (METHOD.md section 6): GRPO = lam 0; RLSD = the multiplier per token
 (Eq. 8); StepOPSD = 2 * sigmoid(.) in place of exp(.) (Eq. 9); SDAR = GRPO's advantage plus a
@@ -118,16 +118,18 @@ def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor
 
 
 def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float = 0.5,
-                     mult_eps: float = 0.2, shape: str = "exp") -> torch.Tensor:
-    """SHARPO's token advantage: every token of a row's segment gets A_i * ((1 - lam) + lam * m_i) (Eq. 4-5). Exercise 3.
+                     mult_eps: float = 0.2, shape: str = "exp") -> tuple[torch.Tensor, torch.Tensor]:
+    """SHARPO's credit: each segment's bounded multiplier m_i, and the token advantage
+    A_i * ((1 - lam) + lam * m_i) on every token of the row's segment (Eq. 4-5). Exercise 3.
 
     adv (B,) each row's trajectory advantage A_i; gaps (B,) each row's segment gap g_i;
     response_mask (B, T) bool. mult_eps is the multiplier bound eps_m, not PPO's clip; shape
-    "sigmoid" is StepOPSD's 2 * sigmoid. Returns (B, T), 0 off the segment. lam = 0 is GRPO.
+    "sigmoid" is StepOPSD's 2 * sigmoid. Returns (Ahat (B, T), 0 off the segment; m (B,)).
+    lam = 0 is GRPO.
     """
     check_mixing(lam, mult_eps)
     m = segment_multipliers(adv, gaps, mult_eps, shape)  # (B,) one multiplier a segment     (Eq. 4)
-    return mix(adv, m[:, None].expand_as(response_mask), response_mask, lam)  # (B, T)     (Eq. 5)
+    return mix(adv, m[:, None].expand_as(response_mask), response_mask, lam), m  # (B, T)  (Eq. 5)
 
 
 def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
@@ -138,10 +140,13 @@ def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student
 
 
 def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                          response_mask: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2) -> torch.Tensor:
-    """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8. (B, T), 0 off the segment."""
+                          response_mask: torch.Tensor, lam: float = 0.5,
+                          mult_eps: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8.
+    Returns (Ahat (B, T), 0 off the segment; m_t (B, T))."""
     check_mixing(lam, mult_eps)
-    return mix(adv, rlsd_multipliers(adv, logp_teacher, logp_student, mult_eps), response_mask, lam)  # (Eq. 5)
+    m = rlsd_multipliers(adv, logp_teacher, logp_student, mult_eps)  # (B, T)                (Eq. 8)
+    return mix(adv, m, response_mask, lam), m  # (B, T), (B, T)                                (Eq. 5)
 
 
 # ----------------------------------------------------------------------------- GiGPO (METHOD.md section 6)
@@ -224,17 +229,29 @@ def moving_rows(algo: str, adv: torch.Tensor, step_adv: torch.Tensor | None = No
     return adv != 0
 
 
+def needed_rows(algo: str, moves: torch.Tensor, has_hindsight: torch.Tensor,
+                kl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trained, taught), (B,) bool each: the rows the student pass and the update must read, and the
+    rows the teacher must score (section 4). A row whose Ahat is 0 adds exactly 0 to the policy
+    gradient; only a KL term (kl) or SDAR's term reads it. moves (B,): moving_rows."""
+    spec = ALGORITHMS[algo]
+    trained = moves | (kl or spec.sdar)  # (B,) a KL or SDAR term reads rows whose Ahat is 0 too
+    taught = has_hindsight & (trained if spec.sdar else moves) & spec.teacher  # (B,)
+    return trained, taught
+
+
 # ----------------------------------------------------------------------------- the loss (METHOD.md section 5)
-def ppo_clip_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
-                  num_tokens: int | float, ppo_clip: float = 0.2) -> torch.Tensor:
+def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
+                num_tokens: int | float, ppo_clip: float = 0.2) -> torch.Tensor:
     """PPO-clip on token advantages, token-mean over the whole minibatch (Eq. 6). Exercise 4.
 
     logp_new (b, T): the policy being trained (the gradient flows here); logp_old (b, T): the same
-    tokens before the update (PPO's "old" log-probs: logp_student); token_adv (b, T): Ahat;
-    mask (b, T) bool: True = a trained token. These b rows are one micro-batch; num_tokens counts
-    the trained tokens of the *whole* minibatch, so the micro-batches' losses (and gradients) add
-    up to exactly the minibatch's token mean: every generated token weighs the same, whatever the
-    length of its response (verl-agent's aggregation). Returns a scalar.
+    tokens before the update (PPO's "old" log-probs: logp_student, or logp_new itself on an
+    iteration's first step, section 5); token_adv (b, T): Ahat; mask (b, T) bool: True = a trained
+    token. These b rows are one micro-batch; num_tokens counts the trained tokens of the *whole*
+    minibatch, so the micro-batches' losses (and gradients) add up to exactly the minibatch's token
+    mean: every generated token weighs the same, whatever the length of its response (verl-agent's
+    aggregation). Returns a scalar.
     """
     ratio = torch.exp(logp_new - logp_old.detach())  # (b, T) r_t                            (Eq. 6)
     clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (b, T)
@@ -248,57 +265,20 @@ def k3(logp_ref: torch.Tensor, logp_new: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0  # (b, T)                                                  (Eq. 7)
 
 
-def policy_loss(
-    logp_new: torch.Tensor,
-    logp_student: torch.Tensor,
-    token_adv: torch.Tensor,
-    loss_mask: torch.Tensor,
-    num_tokens: int | float | None = None,
-    ppo_clip: float = 0.2,
-    logp_ref: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    logp_teacher: torch.Tensor | None = None,
-    sdar_mask: torch.Tensor | None = None,
-    num_sdar_tokens: int | float | None = None,
-    sdar_coef: float = 0.0,
-    sdar_beta: float = 5.0,
-    num_kl_tokens: int | float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss train.py minimises: ppo_clip_loss (Eq. 6) + kl_coef * k3 KL (Eq. 7) + sdar_coef * SDAR's term (Eq. 10).
+def kl_loss(logp_ref: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tensor,
+            num_tokens: int | float) -> torch.Tensor:
+    """The KL term to the reference (adapter off): k3 per token, token-mean over the whole
+    minibatch like policy_loss (Eq. 7). All (b, T); mask bool. Returns a scalar."""
+    return (k3(logp_ref, logp_new) * mask.to(logp_new.dtype)).sum() / max(float(num_tokens), 1.0)  # (Eq. 7)
 
-    All tensors (b, T) over response tokens; loss_mask (b, T) bool: True = a trained token.
-    Aggregation is token-mean over the whole minibatch for every term: num_tokens is the count
-    of trained tokens in the minibatch (default: this call's own); the SDAR term covers
-    sdar_mask (trained tokens of rows with hindsight), divided by their own minibatch count
-    num_sdar_tokens. The statistic approx_kl_old is the mean k3 estimate of KL(old, new) over the
-    trained tokens (num_kl_tokens: their minibatch count; num_tokens may count more, e.g. the
-    tokens of rows left out because their Ahat is 0). Returns (loss, detached stats).
-    """
-    mask = loss_mask.to(logp_new.dtype)  # (b, T) 1.0 = trained token
-    n = max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)  # the token-mean denominator
-    n_kl = max(float(mask.sum() if num_kl_tokens is None else num_kl_tokens), 1.0)  # approx_kl_old's
-    pg_loss = ppo_clip_loss(logp_new, logp_student, token_adv, loss_mask, n, ppo_clip)  # (Eq. 6)
-    loss = pg_loss
-    with torch.no_grad():
-        log_ratio = logp_new - logp_student  # (b, T)
-        ratio = torch.exp(log_ratio)  # (b, T)
-        clipped = (-token_adv * ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)) > (-token_adv * ratio)  # (b, T)
-        stats = {"pg_loss": pg_loss.detach(), "clip_frac": (clipped.to(mask.dtype) * mask).sum() / n,
-                 "approx_kl_old": ((ratio - 1 - log_ratio) * mask).sum() / n_kl}  # k3(old, new)
-    if kl_coef > 0:
-        if logp_ref is None:
-            raise ValueError("policy_loss: kl_coef > 0 needs logp_ref (the reference model's log-probs)")
-        kl_loss = (k3(logp_ref, logp_new) * mask).sum() / n  # token-mean                        (Eq. 7)
-        loss = loss + kl_coef * kl_loss
-        stats["kl_ref"] = kl_loss.detach()
-    if sdar_coef > 0:
-        if logp_teacher is None or sdar_mask is None:
-            raise ValueError("policy_loss: sdar_coef > 0 needs logp_teacher and sdar_mask")
-        smask = (sdar_mask & loss_mask).to(logp_new.dtype)  # (b, T) trained tokens of hindsight rows
-        ns = max(float(smask.sum() if num_sdar_tokens is None else num_sdar_tokens), 1.0)
-        gate = torch.sigmoid(sdar_beta * (logp_teacher - logp_student).detach())  # (b, T) sg(sigmoid(beta * delta))
-        sdar_loss = (gate * (logp_teacher.detach() - logp_new) * smask).sum() / ns  # grad through logp_new (Eq. 10)
-        loss = loss + sdar_coef * sdar_loss
-        stats["sdar_loss"] = sdar_loss.detach()
-    stats["loss"] = loss.detach()
-    return loss, stats
+
+def sdar_loss(logp_new: torch.Tensor, logp_teacher: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
+              num_tokens: int | float, beta: float = 5.0) -> torch.Tensor:
+    """SDAR's gated self-distillation term (Eq. 10): token_mean(sg(sigmoid(beta * delta)) *
+    (sg(logp_teacher) - logp_new)), the gradient only through logp_new, delta = logp_teacher - logp_old.
+
+    mask (b, T) bool: the trained tokens of rows with hindsight; num_tokens: their count in the whole
+    minibatch (without hindsight the gate would be a flat 0.5: plain self-imitation). Returns a scalar."""
+    gate = torch.sigmoid(beta * (logp_teacher - logp_old).detach())  # (b, T) sg(sigmoid(beta * delta))
+    term = gate * (logp_teacher.detach() - logp_new)  # (b, T) gradient through logp_new  (Eq. 10)
+    return (term * mask.to(logp_new.dtype)).sum() / max(float(num_tokens), 1.0)

@@ -56,13 +56,13 @@ def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, ids[0, row.num_prompt :, None]).squeeze(-1)  # (n,)
 
 
-def logprobs(model, rows: list[Row], temperature: float = 1.0, fast=None) -> torch.Tensor:
+def batch_logprobs(model, rows: list[Row], temperature: float = 1.0, fast=None) -> torch.Tensor:
     """The response log-probs of a few rows, response-aligned: (b, t), 0 past each row's response.
 
     With gradient when grad is enabled (the update's pass). fast: speed.FastPath, or None for the
     plain computation, one row at a time."""
     if fast is not None:  # [speed] one padded pass over the rows (speed.py)
-        return fast.logprobs(model, rows, temperature)
+        return fast.batch_logprobs(model, rows, temperature)
     t = max(len(r.response_ids) for r in rows)
     out = [row_logprobs(model, r, temperature) for r in rows]  # each (n,)
     return torch.stack([torch.nn.functional.pad(x, (0, t - len(x))) for x in out])  # (b, t)

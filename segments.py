@@ -261,23 +261,45 @@ def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------- what the stages of train.py return
 @dataclass
 class Advantages:
-    """Stage 3: the direction of each row, from the rewards alone, and which rows the later stages need."""
+    """Stage 3: the direction of each row, from the rewards alone, and which rows stages 4-6 compute.
+
+    The method needs three masks; each row mask follows from A_i alone (section 4):
+
+    | mask                      | True on                       | --kl-coef 0             | --kl-coef > 0 |
+    |---------------------------|-------------------------------|-------------------------|---------------|
+    | rows.response_mask (B, T) | a row's response tokens: its  | the same                | the same      |
+    |                           | segment, the tokens trained   |                         |               |
+    | trained (B,)              | rows the student pass and the | rows whose Ahat can be  | every row     |
+    |                           | update read                   | != 0 (sdar: every row)  |               |
+    | taught (B,)               | rows the teacher pass scores  | rows with hindsight whose Ahat can be != 0  |
+    |                           |                               | (sdar: every row with hindsight), either way |
+
+    A row whose Ahat is 0 adds exactly 0 to the policy gradient, so leaving it out of the passes
+    changes nothing; a KL term, or SDAR's, reads it (advantage.needed_rows).
+    """
 
     row: torch.Tensor  # (B,) A_i of each row's trajectory (Eq. 1)
     step: torch.Tensor | None  # (B,) GiGPO's step advantage A_step (Eq. 12); None for the other algorithms
     step_groups: torch.Tensor | None  # (B,) long: GiGPO's step group of each row (same group, same anchor state)
-    moves: torch.Tensor  # (B,) bool: Ahat can be != 0 (A_i != 0; GiGPO: A_i + omega * A_step != 0)
-    in_loss: torch.Tensor  # (B,) bool: the rows the loss reads (those that move; every row under a KL or SDAR term)
-    taught: torch.Tensor  # (B,) bool: the rows whose teacher log-probs can change anything
+    trained: torch.Tensor  # (B,) bool: the rows the student pass and the update read (table above)
+    taught: torch.Tensor  # (B,) bool: the rows the teacher pass scores (table above)
 
 
 @dataclass
 class LogProbs:
     """Stage 4: log-probs of the sampled tokens, response-aligned (B, T); rows a pass left out hold 0, never read."""
 
-    student: torch.Tensor  # (B, T) the policy before the update: PPO's "old" log-probs and the gap's baseline
+    student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline, PPO's logp_old
     teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; = student where the row is not taught
     ref: torch.Tensor | None  # (B, T) the reference (adapter off), for the KL term; None without one
+
+    def old(self, part: list[int], logp_new: torch.Tensor, moved: bool) -> torch.Tensor:
+        """PPO's logp_old for the rows `part` of a micro-batch, (b, t) like logp_new: the student's
+        log-probs once an optimizer step of this iteration has moved a weight; before that,
+        logp_new itself (detached), so the first step's ratio is exactly 1 (METHOD.md section 5)."""
+        if not moved:
+            return logp_new.detach()  # (b, t) nothing has moved: another pass's rounding is not a change
+        return self.student[part, : logp_new.shape[1]].to(logp_new.device)  # (b, t)
 
 
 @dataclass
@@ -286,4 +308,5 @@ class Credit:
 
     token_adv: torch.Tensor  # (B, T) Ahat, 0 off the segment (Eq. 5; RLSD Eq. 8, GiGPO Eq. 13)
     gaps: torch.Tensor  # (B,) the segment gap g of each row (Eq. 3)
-    mults: torch.Tensor  # (B,) the segment multiplier m of each row, in --algo's shape (Eq. 4 or 9)
+    mults: torch.Tensor | None  # the multiplier Ahat applied: (B,) one a segment (Eq. 4, 9); RLSD (B, T)
+    #                              one a token (Eq. 8); None where --algo applies none (grpo, sdar, gigpo)

@@ -36,8 +36,8 @@ class FastPath:
     pad_id: int
     micro_batch_rows: int = 4
 
-    def logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
-        """rollout.logprobs: one padded pass over the rows; (b, t) on the model's device."""
+    def batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
+        """rollout.batch_logprobs: one padded pass over the rows; (b, t) on the model's device."""
         device = model.get_input_embeddings().weight.device
         batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
         return response_logprobs(model, batch, temperature=temperature).float()  # (b, t)

@@ -21,7 +21,7 @@ EXERCISES = {  # number: (module in exercises/, function name, what it is)
     1: ("ex1_grpo_advantage", "grpo_advantages", "the GRPO group advantage"),
     2: ("ex2_segment_gap", "segment_gap", "the segment gap"),
     3: ("ex3_token_advantage", "token_advantages", "the bounded multiplier and the token advantage"),
-    4: ("ex4_ppo_loss", "ppo_clip_loss", "the PPO-clip loss, token-mean across micro-batches"),
+    4: ("ex4_ppo_loss", "policy_loss", "the PPO-clip loss, token-mean across micro-batches"),
     5: ("ex5_sibling_hindsight", "sibling_hindsight", "sibling hindsight"),
     6: ("ex6_gigpo_step_advantage", "gigpo_step_advantages", "GiGPO's step groups and step advantage"),
 }
@@ -30,7 +30,7 @@ EXERCISES = {  # number: (module in exercises/, function name, what it is)
 def solution(n: int):
     """The project's own implementation of exercise n: the very function train.py's loop calls."""
     return {1: advantage.grpo_advantages, 2: advantage.segment_gap, 3: advantage.token_advantages,
-            4: advantage.ppo_clip_loss, 5: segments.sibling_hindsight, 6: advantage.gigpo_step_advantages}[n]
+            4: advantage.policy_loss, 5: segments.sibling_hindsight, 6: advantage.gigpo_step_advantages}[n]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -90,8 +90,16 @@ def check_2(f):
 def check_3(f):
     mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
     adv, gaps = torch.tensor([2.0, -1.0, 1.0]), torch.tensor([0.1, 0.1, -1.0])
-    out = f(adv, gaps, mask, lam=0.5, mult_eps=0.2)
+    result = f(adv, gaps, mask, lam=0.5, mult_eps=0.2)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        yield False, (f"return a pair: (Ahat (B, T), m (B,)), the token advantages and the multipliers they "
+                      f"applied; got {type(result).__name__}")
+        return
+    out, mults = result
     m0, m1, m2 = math.exp(0.1), math.exp(-0.1), 0.8  # sign(A) * g; the last clipped at 1 - eps
+    yield close(mults, [m0, m1, m2]), (
+        f"expected the multipliers m = clip(exp(sign(A) * g), 0.8, 1.2) = {show(torch.tensor([m0, m1, m2]))}, "
+        f"got {show(mults)}")
     want = [[2 * (0.5 + 0.5 * m0)] * 2 + [0.0], [-(0.5 + 0.5 * m1)] * 3, [0.5 + 0.5 * m2, 0.0, 0.0]]
     yield close(out, want), (
         f"expected {show(torch.tensor(want))}, got {show(out)}. m = clip(exp(sign(A) * g), 1 - eps, 1 + eps), "
@@ -100,13 +108,13 @@ def check_3(f):
     adv, gaps = torch.randn(64) * 3, torch.randn(64)
     adv[::7] = 0.0
     mask = torch.ones(64, 5, dtype=torch.bool)
-    out = f(adv, gaps, mask, lam=0.7, mult_eps=0.2)[:, 0]
+    out = f(adv, gaps, mask, lam=0.7, mult_eps=0.2)[0][:, 0]
     yield bool((torch.sign(out) == torch.sign(adv)).all()), "sign(Ahat) must equal sign(A): the reward sets the direction"
     yield bool(((out - adv).abs() <= 0.7 * 0.2 * adv.abs() + 1e-6).all()), (
         "|Ahat - A| must stay within lam * eps_m * |A|: is the multiplier clipped to [1 - eps_m, 1 + eps_m]?")
-    yield close(f(adv, gaps, mask, lam=0.0, mult_eps=0.2)[:, 0], adv), "lam = 0 must give GRPO exactly: Ahat = A"
+    yield close(f(adv, gaps, mask, lam=0.0, mult_eps=0.2)[0][:, 0], adv), "lam = 0 must give GRPO exactly: Ahat = A"
     yield bool((out[adv == 0] == 0).all()), "A = 0 must give Ahat = 0, whatever the teacher says"
-    yield close(f(adv, torch.zeros(64), mask)[:, 0], adv), "a gap of 0 (teacher = student) must give Ahat = A"
+    yield close(f(adv, torch.zeros(64), mask)[0][:, 0], adv), "a gap of 0 (teacher = student) must give Ahat = A"
 
 
 def check_4(f):

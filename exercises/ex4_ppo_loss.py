@@ -6,7 +6,7 @@ Check your answer:  python -m exercises.check 4
 import torch
 
 
-def ppo_clip_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
+def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
                   num_tokens: int, ppo_clip: float = 0.2) -> torch.Tensor:
     """L = sum over trained tokens of max(-Ahat * r, -Ahat * clip(r, 1 - c, 1 + c)) / num_tokens.
 
@@ -17,4 +17,4 @@ def ppo_clip_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: tor
     minibatch, so that summing the losses (and gradients) of its micro-batches gives exactly the
     minibatch's token mean. Returns a scalar.
     """
-    raise NotImplementedError("exercise 4: write ppo_clip_loss (METHOD.md section 5)")
+    raise NotImplementedError("exercise 4: write policy_loss (METHOD.md section 5)")

@@ -1,6 +1,8 @@
-"""Command line from a config dataclass: one flag per field, its help from the field's comment.
+"""Command line from a config dataclass: one flag per field, its help from the field's docstring.
 
-`field_name: type = default  # help text` becomes `--field-name` with that help; booleans get
+`field_name: type = default` followed by a docstring line (cleanrl's `Args`), or with a trailing
+`# help text`, becomes `--field-name` with that help, listed under its class (a dataclass that
+extends another shows its own flags first, then the other's, each under a heading); booleans get
 `--flag / --no-flag`; `Literal[...]` fields accept only their listed values; `X | None` fields
 take X, or `none` for None. Built on the standard library's argparse (no other dependency);
 this file only reads the dataclass.
@@ -12,17 +14,17 @@ are not caught and keep their traceback.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
 import math
 import re
 import sys
+import textwrap
 import typing
 from pathlib import Path
 
 from errors import DataError, Stopped, Terminated, UserError, catch_sigterm, ignore_stops, stop_line  # noqa: F401  (DataError: re-exported)
-
-_FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?=\s*.+?#\s*(.+)$")
 
 
 def run(main) -> None:
@@ -93,13 +95,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def field_help(cls) -> dict[str, str]:
-    """Each field's trailing comment in the source of the class (and of the dataclasses it extends)."""
+    """Each field's help: the docstring under it, or its trailing comment, in the source of the class
+    (and of the dataclasses it extends)."""
     helps = {}
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        for line in inspect.getsource(klass).splitlines():
-            m = _FIELD.match(line)
-            if m:
-                helps[m.group(1)] = m.group(2).strip()
+        source = textwrap.dedent(inspect.getsource(klass))
+        lines, body = source.splitlines(), ast.parse(source).body[0].body
+        for node, after in zip(body, body[1:] + [None]):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else None
+            comment = re.search(r"#\s*(.+)$", lines[node.end_lineno - 1])
+            if isinstance(doc, str):
+                helps[node.target.id] = " ".join(doc.split())
+            elif comment:
+                helps[node.target.id] = comment.group(1).strip()
     return helps
 
 
@@ -108,6 +118,14 @@ def ordered_fields(cls) -> list:
     own = set(cls.__dict__.get("__annotations__", {}))
     fields = dataclasses.fields(cls)
     return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
+
+
+def _declared_by(cls) -> dict[str, type]:
+    """The dataclass in cls's lineage that declares each field (its own, or one it extends)."""
+    owners = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        owners.update({name: klass for name in klass.__dict__.get("__annotations__", {})})
+    return owners
 
 
 def _optional(kind):
@@ -126,6 +144,7 @@ def build_parser(cls, description: str | None = None, defaults: dict | None = No
     parser = _Parser(prog=_prog(), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                      argument_default=argparse.SUPPRESS if suppress else None, add_help=not suppress)
     helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
+    owners, groups = _declared_by(cls), {}
     for f in ordered_fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
@@ -135,14 +154,19 @@ def build_parser(cls, description: str | None = None, defaults: dict | None = No
         default = defaults.get(f.name, f.default)
         kw = {} if suppress else {"default": default}
         help_text = f"{helps.get(f.name, '')} (default: {default})"
+        owner = owners[f.name]
+        if owner not in groups:  # one heading per class: its name and its docstring's first sentence
+            title = " ".join((inspect.getdoc(owner) or "").split()).split(". ")[0].rstrip(".")
+            groups[owner] = parser.add_argument_group(f"{owner.__name__}, {title}")
+        group = groups[owner]
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text, **kw)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text, **kw)
         elif typing.get_origin(kind) is typing.Literal:
             choices = list(typing.get_args(kind))
-            parser.add_argument(flag, choices=choices, help=help_text, metavar="{" + ",".join(choices) + "}", **kw)
+            group.add_argument(flag, choices=choices, help=help_text, metavar="{" + ",".join(choices) + "}", **kw)
         else:
-            parser.add_argument(flag, type=_optional(kind) if optional else kind, help=help_text,
-                                metavar=f.name.upper(), **kw)
+            group.add_argument(flag, type=_optional(kind) if optional else kind, help=help_text,
+                               metavar=f.name.upper(), **kw)
     return parser
 
 

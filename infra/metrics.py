@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from advantage import ALGORITHMS, rlsd_multipliers
+from advantage import ALGORITHMS
 from segments import Advantages, Credit, LogProbs, Rows, Trajectory
 
 
@@ -51,7 +51,7 @@ class Stages:
     trajs: list[Trajectory]  # 1. rollout
     rows: Rows  # 2. segments
     adv: Advantages  # 3. advantage
-    logp: LogProbs  # 4. teacher
+    logp: LogProbs  # 4. logprobs
     credit: Credit  # 5. credit
     update: dict  # 6. update: the update/... statistics
     watch: "Stopwatch"  # seconds per stage
@@ -100,7 +100,7 @@ def iteration_metrics(stages: Stages, args, dist, iteration: int) -> dict:
         out["gap_action_fallback"] = sum(dist.gather(rows.gap_fallback.tolist())) / max(dist.sum(len(rows.rows)), 1)
     out.update(stages.update)
     out["rows"] = int(dist.sum(len(rows.rows)))
-    out["skipped/student"] = int(dist.sum(int((~adv.in_loss).sum())))  # the same rows sit out the update
+    out["skipped/student"] = int(dist.sum(int((~adv.trained).sum())))  # the same rows sit out the update
     if algo.teacher:
         out["skipped/teacher"] = int(dist.sum(int((rows.has_hindsight & ~adv.taught).sum())))
     out["env_crashes"] = int(dist.sum(stages.watch.crashes()))
@@ -143,18 +143,18 @@ def teacher_metrics(stages: Stages, algo: str, eps: float, gather=_same) -> dict
     units it applies it to, where it can differ from 1 (hindsight and A != 0): segments for
     sharpo and stepopsd, tokens for rlsd. grpo and sdar scale no advantage and log none.
     gather: combines the values of every process ([distributed]; the identity in a plain run)."""
-    rows, adv, credit, logp = stages.rows, stages.adv, stages.credit, stages.logp
+    rows, adv, credit = stages.rows, stages.adv, stages.credit
     hind = rows.has_hindsight  # (B,)
     sel = hind & (adv.row != 0)  # (B,) rows whose multiplier can differ from 1
     spec = ALGORITHMS[algo]
-    if spec.mixes and spec.granularity == "segment":  # sharpo, stepopsd
-        m = credit.mults[sel]  # (n,) one per segment
-    elif spec.mixes:  # rlsd: one per trained token
-        m = rlsd_multipliers(adv.row, logp.teacher, logp.student, eps)[sel][rows.response_mask[sel]]  # (n,)
-    else:  # grpo, sdar, gigpo scale no advantage
+    if credit.mults is None:  # grpo, sdar, gigpo scale no advantage
         m = torch.zeros(0)
+    elif spec.granularity == "segment":  # sharpo, stepopsd
+        m = credit.mults[sel]  # (n,) one per segment
+    else:  # rlsd: one per trained token
+        m = credit.mults[sel][rows.response_mask[sel]]  # (n,)
     hind_all = torch.tensor(gather(hind.tolist()), dtype=torch.bool)  # (B_all,)
-    scored = hind & (adv.in_loss if spec.sdar else adv.moves)  # (B,) the rows the teacher must score (train.py's rule)
+    scored = hind & (adv.trained if spec.sdar else sel)  # (B,) the rows the teacher must score (section 4)
     g = torch.tensor(gather(credit.gaps[scored].tolist()))  # (n_scored,)
     m = torch.tensor(gather(m.tolist()))  # (n,)
     out = {"hindsight_share": float(hind_all.float().mean()), "segments_scored": sum(gather([int(sel.sum())]))}
@@ -205,7 +205,8 @@ def sample_records(stages: Stages, tokenizer, k: int, it: int) -> list[dict]:
     segment's gap and multiplier (null where the teacher did not score the row: its Ahat is 0)."""
     trajs, rows, adv, logp, credit = stages.trajs, stages.rows, stages.adv, stages.logp, stages.credit
     delta = logp.teacher - logp.student  # (B, T) per-token teacher - student gap
-    moving = {int(i) for i, m in zip(rows.traj, adv.moves) if m}  # trajectories with a row that can move the policy
+    moves = credit.token_adv.ne(0).any(1)  # (B,) rows whose Ahat is not 0
+    moving = {int(i) for i, m in zip(rows.traj, moves) if m}  # trajectories with a row that can move the policy
     shown = [i for i in range(len(trajs)) if trajs[i].steps]  # an episode whose worker crashed at reset has none
     picked = sorted(shown, key=lambda i: (i not in moving, trajs[i].hindsight is None, i))[:k]
     records = []
@@ -219,7 +220,7 @@ def sample_records(stages: Stages, tokenizer, k: int, it: int) -> list[dict]:
                 "observation": s.messages[-1]["content"].split("Current observation: ")[-1].split("\nAdmissible")[0],
                 "response": s.response_text, "action": s.action, "reward": s.reward,
                 "gap": float(credit.gaps[b]) if scored else None,
-                "multiplier": float(credit.mults[b]) if scored else None,
+                "multiplier": segment_multiplier(credit.mults, b, n) if scored else None,
                 **({"step_advantage": float(adv.step[b])} if adv.step is not None else {}),
                 "tokens": [tokenizer.decode([t]) for t in rows.rows[b].response_ids],
                 "token_delta": [round(float(x), 4) for x in delta[b, :n]] if scored else None,
@@ -229,6 +230,27 @@ def sample_records(stages: Stages, tokenizer, k: int, it: int) -> list[dict]:
                         "reward": traj.reward, "advantage": float(adv.row[mine[0]]),
                         "hindsight": traj.hindsight, "segments": segs})
     return records
+
+
+def segment_multiplier(mults: torch.Tensor | None, b: int, n: int) -> float | None:
+    """The multiplier row b's segment got (Credit.mults): its own, or RLSD's per-token mean over its n tokens;
+    None where the algorithm applies none."""
+    if mults is None:
+        return None
+    return float(mults[b]) if mults.dim() == 1 else float(mults[b, :n].mean())
+
+
+def loss_stats(logp_new, logp_old, token_adv, mask, num_tokens, num_trained, ppo_clip: float) -> dict:
+    """What PPO's step did to the trained tokens of a micro-batch, each over the minibatch's count:
+    clip_frac, the share whose clipped term was the larger (over num_tokens, as the loss), and
+    approx_kl_old, the k3 estimate of KL(old, new) (over num_trained, the tokens the loss reads)."""
+    with torch.no_grad():
+        m = mask.to(logp_new.dtype)  # (b, t) 1.0 = trained token
+        log_ratio = logp_new - logp_old  # (b, t)
+        ratio = torch.exp(log_ratio)  # (b, t)
+        clipped = (-token_adv * ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)) > (-token_adv * ratio)  # (b, t)
+        return {"clip_frac": (clipped.to(m.dtype) * m).sum() / max(float(num_tokens), 1.0),
+                "approx_kl_old": ((ratio - 1 - log_ratio) * m).sum() / max(float(num_trained), 1.0)}
 
 
 class UpdateLog:

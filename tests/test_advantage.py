@@ -98,9 +98,9 @@ VARIANTS = ["sharpo", "rlsd", "stepopsd"]
 def ahat(variant, adv, lt, ls, mask, lam=0.5, mult_eps=0.2):
     """The token advantage as train.py's stage 5 computes it for each variant."""
     if variant == "rlsd":
-        return rlsd_token_advantages(adv, lt, ls, mask, lam, mult_eps)
+        return rlsd_token_advantages(adv, lt, ls, mask, lam, mult_eps)[0]
     shape = "sigmoid" if variant == "stepopsd" else "exp"
-    return token_advantages(adv, segment_gap(lt, ls, mask), mask, lam, mult_eps, shape)
+    return token_advantages(adv, segment_gap(lt, ls, mask), mask, lam, mult_eps, shape)[0]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -140,18 +140,20 @@ def test_sharpo_by_hand():
     mask = torch.ones(2, 2, dtype=torch.bool)
     gaps = segment_gap(lt, ls, mask)
     assert torch.allclose(gaps, torch.tensor([0.1, -0.5]))
-    pos = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask)
+    pos, m = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask)
     m1, m2 = math.exp(0.1), 0.8
+    assert torch.allclose(m, torch.tensor([m1, m2]))  # the multipliers Ahat applied, returned beside it
     assert torch.allclose(pos, torch.tensor([[2 * (0.5 + 0.5 * m1)] * 2, [2 * (0.5 + 0.5 * m2)] * 2]))
-    neg = token_advantages(torch.tensor([-2.0, -2.0]), gaps, mask)
+    neg, _ = token_advantages(torch.tensor([-2.0, -2.0]), gaps, mask)
     m1, m2 = math.exp(-0.1), 1.2
     assert torch.allclose(neg, torch.tensor([[-2 * (0.5 + 0.5 * m1)] * 2, [-2 * (0.5 + 0.5 * m2)] * 2]))
     # StepOPSD: m = clip(2 * sigmoid(0.1)) = 1.04996
-    sig = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, shape="sigmoid")
+    sig, _ = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, shape="sigmoid")
     assert sig[0, 0].item() == pytest.approx(2 * (0.5 + 0.5 * 2 / (1 + math.exp(-0.1))), rel=1e-6)
     # RLSD: per token, the first token's delta 0.2 saturates at 1.2, the second's 0 gives 1
-    tok = rlsd_token_advantages(torch.tensor([2.0, 2.0]), lt, ls, mask)
+    tok, m_t = rlsd_token_advantages(torch.tensor([2.0, 2.0]), lt, ls, mask)
     assert torch.allclose(tok[0], torch.tensor([2 * (0.5 + 0.5 * 1.2), 2.0]))
+    assert torch.allclose(m_t[0], torch.tensor([1.2, 1.0]))  # each token's own multiplier
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -159,7 +161,7 @@ def test_sharpo_matches_loop(seed):
     """The vectorized gap and token advantage equal a loop over rows and tokens."""
     adv, lt, ls, mask = _random_case(seed)
     lam, eps = 0.5, 0.2
-    fast = token_advantages(adv, segment_gap(lt, ls, mask), mask, lam=lam, mult_eps=eps)
+    fast, _ = token_advantages(adv, segment_gap(lt, ls, mask), mask, lam=lam, mult_eps=eps)
     slow = torch.zeros_like(fast)
     for b in range(mask.shape[0]):
         sign = (adv[b].item() > 0) - (adv[b].item() < 0)

@@ -43,7 +43,8 @@ def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
-    assert "--iterations ITERATIONS training iterations (one rollout batch each) (default: 2)" in text
+    assert "--iterations ITERATIONS training iterations, one rollout batch each (default: 2)" in text
+    assert "TrainArgs, The method's flags" in text and "RunArgs, How a run of train.py is executed" in text
     assert "--model MODEL" in text and "(default: smollm2)" in text
     bad = subprocess.run([sys.executable, "-c", "import sys, train; from infra.cli import run; "
                           "run(lambda: train.main(['--env', 'alfwrld'])); "],

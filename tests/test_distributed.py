@@ -45,7 +45,7 @@ def test_two_processes_take_the_one_process_step(tmp_path):
     assert all(torch.equal(lora[n], saved["before"][n]) for n in lora)  # the same start
     rows = one.segments(trajs)
     adv = one.advantage(trajs, rows)
-    logp = one.teacher(rows, adv)
+    logp = one.logprobs(rows, adv)
     stats = one.update(rows, adv, logp, one.credit(rows, adv, logp))
     assert stats["update/optimizer_steps"] == 1 == saved["stats"]["update/optimizer_steps"]
     moved = [n for n in lora if not torch.equal(saved["before"][n], saved["after"][n])]

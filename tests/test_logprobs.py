@@ -144,7 +144,7 @@ def test_plain_and_fast_logprobs_are_equal():
     grads = []
     for way in (None, fast):
         model.zero_grad()
-        logp = rollout.logprobs(model, rows, 0.7, fast=way)  # (b, t) with gradient, at another temperature
+        logp = rollout.batch_logprobs(model, rows, 0.7, fast=way)  # (b, t) with gradient, at another temperature
         logp.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         grads[-1]["logp"] = logp.detach()

@@ -67,7 +67,7 @@ def test_resume_restores_every_saved_setting_and_refuses_changes(tmp_path):
 
 # After each stage of the loop (the Trainer method, wrapped here), and between the writes of the
 # run folder (checkpoint.crash_hook, called where infra/checkpoint.py writes).
-STAGES = {"rollout": "rollout", "segments": "segments", "advantage": "advantage", "teacher": "teacher",
+STAGES = {"rollout": "rollout", "segments": "segments", "advantage": "advantage", "logprobs": "logprobs",
           "credit": "credit", "update": "update", "iteration done": "iteration"}
 
 

@@ -40,7 +40,7 @@ def one_update(tmp_path, algo: str, kl: float, skip: bool, trajs=None, **kw):
             traj.steps[-1].reward = reward
     rows = trainer.segments(trajs)
     adv = trainer.advantage(trajs, rows)
-    logp = trainer.teacher(rows, adv)
+    logp = trainer.logprobs(rows, adv)
     credit = trainer.credit(rows, adv, logp)
     stats = trainer.update(rows, adv, logp, credit)
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -74,7 +74,7 @@ def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
         assert m_full.keys() == m_part.keys()
         for k in m_full:
             assert m_part[k] == pytest.approx(m_full[k], abs=1e-6), k
-    assert full.adv.in_loss.all() and torch.equal(full.adv.taught, full.rows.has_hindsight & ALGORITHMS[algo].teacher)
+    assert full.adv.trained.all() and torch.equal(full.adv.taught, full.rows.has_hindsight & ALGORITHMS[algo].teacher)
 
 
 @pytest.mark.parametrize("kl", [0.0, 0.01])
@@ -90,7 +90,7 @@ def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, 
     assert zero.any() and (~zero).any()
     reads_all = kl > 0 or spec.sdar  # the KL and SDAR terms act on rows whose Ahat is 0
     expected_student = torch.zeros_like(zero) if reads_all else zero
-    assert torch.equal(~adv.in_loss, expected_student)
+    assert torch.equal(~adv.trained, expected_student)
     line = metrics.iteration_metrics(metrics.Stages(batch.trajs, rows, adv, logp, batch.credit, batch.update,
                                                     metrics.Stopwatch(), trainer.actor), trainer.args, trainer.dist, 1)
     assert line["skipped/student"] == int(expected_student.sum())
@@ -100,10 +100,10 @@ def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, 
         assert torch.equal(adv.taught, rows.has_hindsight & ~expected_teacher)
     # a skipped row's log-probs were never computed (0), a scored row's were (< 0)
     tokens = rows.response_mask
-    assert (logp.student[~adv.in_loss] == 0).all()
-    assert (logp.student[adv.in_loss][tokens[adv.in_loss]] < 0).all()
+    assert (logp.student[~adv.trained] == 0).all()
+    assert (logp.student[adv.trained][tokens[adv.trained]] < 0).all()
     if spec.teacher:
-        left = rows.has_hindsight & ~adv.taught & adv.in_loss  # scored as student, not as teacher
+        left = rows.has_hindsight & ~adv.taught & adv.trained  # scored as student, not as teacher
         assert torch.equal(logp.teacher[left], logp.student[left])
 
 
@@ -113,13 +113,13 @@ def test_the_token_mean_still_counts_the_skipped_rows(tmp_path, monkeypatch):
     seen = []
     real = train.policy_loss
 
-    def spy(*a, **kw):
-        seen.append(kw["num_tokens"])
-        return real(*a, **kw)
+    def spy(logp_new, logp_old, token_adv, mask, num_tokens, ppo_clip):
+        seen.append(num_tokens)
+        return real(logp_new, logp_old, token_adv, mask, num_tokens, ppo_clip)
 
     monkeypatch.setattr(train, "policy_loss", spy)
     _, batch, _, _, _ = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)  # one minibatch
-    assert (~batch.adv.in_loss).sum() > 0
+    assert (~batch.adv.trained).sum() > 0
     assert seen and set(seen) == {sum(len(r.response_ids) for r in batch.rows.rows)}
 
 

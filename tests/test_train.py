@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from advantage import ALGORITHMS
+from advantage import ALGORITHMS, segment_multipliers
 from envs import draw_tasks
 from infra import metrics
 from infra.cli import UserError
@@ -133,7 +133,7 @@ def test_samples_skip_an_episode_that_has_no_steps():
     rows = Rows(torch.tensor([1]), [step], [Row([1, 2, 3, 4], 2)], [None], torch.ones(1, 2, dtype=torch.bool), None,
                 torch.zeros(1, dtype=torch.bool), torch.tensor([True]))
     no = torch.tensor([False])
-    adv = Advantages(torch.zeros(1), None, None, no, no, no)
+    adv = Advantages(torch.zeros(1), None, None, no, no)
     stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2), None),
                             Credit(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), {}, None, None)
     tok = SimpleNamespace(decode=lambda ids: "t")
@@ -218,7 +218,7 @@ def test_non_finite_loss_skips_the_step(tmp_path, monkeypatch):
     trainer = _trainer(args)
     before = _lora_state(trainer.model)
     real = train.policy_loss
-    monkeypatch.setattr(train, "policy_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]))
+    monkeypatch.setattr(train, "policy_loss", lambda *a, **k: real(*a, **k) * float("nan"))
     metrics, _ = trainer.iteration()
     assert metrics["update/skipped_steps"] == 2 and metrics["update/optimizer_steps"] == 0
     after = _lora_state(trainer.model)
@@ -250,9 +250,9 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     rows = trainer.segments(trajs)
     adv = trainer.advantage(trajs, rows)
     adv.row = torch.where(adv.row == 0, torch.ones_like(adv.row), adv.row)
-    adv.moves = adv.in_loss = torch.ones_like(rows.has_hindsight)  # every row carries credit
+    adv.trained = torch.ones_like(rows.has_hindsight)  # every row carries credit
     adv.taught = rows.has_hindsight & ALGORITHMS[algo].teacher  # so the teacher scores every hindsight row
-    logp = trainer.teacher(rows, adv)
+    logp = trainer.logprobs(rows, adv)
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
         logp.teacher = logp.teacher + torch.linspace(-0.5, 0.5, logp.teacher.shape[1])
     credit = trainer.credit(rows, adv, logp)
@@ -265,9 +265,11 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
         per_token = torch.exp(torch.sign(adv.row)[:, None] * delta).clamp(1 - args.mult_eps, 1 + args.mult_eps)
         tokens = per_token[sel][rows.response_mask[sel]]
         assert m["mult_mean"] == pytest.approx(float(tokens.mean()))
-        assert m["mult_mean"] != pytest.approx(float(credit.mults[sel].mean()))  # not the segment view
+        assert torch.equal(credit.mults[rows.response_mask], per_token[rows.response_mask])  # computed once
+        segment_view = segment_multipliers(adv.row, credit.gaps, args.mult_eps)  # (B,)
+        assert m["mult_mean"] != pytest.approx(float(segment_view[sel].mean()))  # not the segment view
     else:
-        assert "mult_mean" not in m
+        assert "mult_mean" not in m and credit.mults is None  # grpo and sdar scale no advantage
 
 
 def test_tasks_of_an_iteration_are_distinct_while_there_are_enough(tmp_path):
@@ -340,7 +342,7 @@ def test_the_first_step_takes_a_ratio_of_exactly_one(tmp_path):
             t.steps[-1].reward = float(i % 2) * 10
         rows = trainer.segments(trajs)
         adv = trainer.advantage(trajs, rows)
-        logp = trainer.teacher(rows, adv)
+        logp = trainer.logprobs(rows, adv)
         noise = torch.where(torch.rand(logp.student.shape, generator=torch.Generator().manual_seed(0)) > 0.5, 0.3, -0.3)
         logp.student = torch.where(rows.response_mask, logp.student + noise, logp.student)
         stats = trainer.update(rows, adv, logp, trainer.credit(rows, adv, logp))

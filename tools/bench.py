@@ -184,26 +184,26 @@ class BenchTrainer(train.Trainer):
     def advantage(self, trajs, rows):
         adv = super().advantage(trajs, rows)
         if not self.skip_rows:
-            adv.in_loss = torch.ones_like(adv.in_loss)  # every row in the student pass and the update
+            adv.trained = torch.ones_like(adv.trained)  # every row in the student pass and the update
             adv.taught = rows.has_hindsight & self.algo.teacher  # every row with hindsight in the teacher pass
         return adv
 
-    def teacher(self, rows, adv, watch=None):
+    def logprobs(self, rows, adv, watch=None):
         if self.reuse_context:
-            return super().teacher(rows, adv, watch)
+            return super().logprobs(rows, adv, watch)
         args, T = self.args, rows.response_mask.shape[1]
         self.model.eval()
         with metrics.timed(watch, "student"):
-            student = rows_logprobs(self.model, rows.rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
-                                    only=adv.in_loss)  # (B, T)
+            student = rows_logprobs(self.model, rows.rows, self.tokenizer.pad_token_id, args.micro_batch_rows, args.temperature, T,
+                                    only=adv.trained)  # (B, T)
         with metrics.timed(watch, "teacher"):
-            teacher = rows_logprobs(self.model, rows.teacher_rows, self.pad_id, args.micro_batch_rows,
+            teacher = rows_logprobs(self.model, rows.teacher_rows, self.tokenizer.pad_token_id, args.micro_batch_rows,
                                     args.temperature, T, only=adv.taught)  # (B, T) each teacher row whole
         ref = None
         if args.kl_coef > 0:
             with metrics.timed(watch, "reference"), self.model.disable_adapter():
-                ref = rows_logprobs(self.model, rows.rows, self.pad_id, args.micro_batch_rows, args.temperature, T,
-                                    only=adv.in_loss)  # (B, T)
+                ref = rows_logprobs(self.model, rows.rows, self.tokenizer.pad_token_id, args.micro_batch_rows, args.temperature, T,
+                                    only=adv.trained)  # (B, T)
         return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)
 
 
@@ -217,13 +217,13 @@ def ratio_noise(trainer) -> dict:
     trajs = trainer.rollout(trainer.iteration_done + 1)
     rows = trainer.segments(trajs)
     adv = trainer.advantage(trajs, rows)
-    logp = trainer.teacher(rows, adv)
-    order = torch.Generator().manual_seed(args.seed * 100003 + trainer.iteration_done)
+    logp = trainer.logprobs(rows, adv)
+    order = torch.Generator().manual_seed(train.stream_seed("minibatches", args.seed, trainer.iteration_done))
     idx = next(train.minibatches(len(rows.rows), args.minibatches, args.ppo_epochs, order))
     device = trainer.model.get_input_embeddings().weight.device
     diffs = []
-    for part in length_batches([i for i in idx if adv.in_loss[i]], rows.rows, args.micro_batch_rows):
-        micro = {k: v.to(device) for k, v in collate_rows([rows.rows[i] for i in part], trainer.pad_id).items()}
+    for part in length_batches([i for i in idx if adv.trained[i]], rows.rows, args.micro_batch_rows):
+        micro = {k: v.to(device) for k, v in collate_rows([rows.rows[i] for i in part], trainer.tokenizer.pad_token_id).items()}
         new = response_logprobs(trainer.model, micro, temperature=args.temperature).float().cpu()  # (b, t)
         mask = rows.response_mask[part, : new.shape[1]]  # (b, t)
         diffs.append((new - logp.student[part, : new.shape[1]])[mask])

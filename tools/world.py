@@ -132,7 +132,7 @@ def run_world(algo: str, auc: float, mult_eps: float, lam: float, seed: int, arg
         for m in range(args.minibatches):
             idx = order[m * N * L // args.minibatches : (m + 1) * N * L // args.minibatches]
             logp_new = torch.log_softmax(logits[rows["task"][idx], rows["step"][idx]], -1).gather(1, rows["act"][idx, None])
-            loss, _ = policy_loss(logp_new, logp_old[idx], token_adv[idx], mask[idx])  # (Eq. 6), token-mean
+            loss = policy_loss(logp_new, logp_old[idx], token_adv[idx], mask[idx], int(mask[idx].sum()))  # (Eq. 6)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -146,7 +146,7 @@ def credit(algo, rows, logp_old, logp_teacher, mask, mult_eps, lam, G, L, groups
     if algo == "grpo":
         lam = 0.0
     if algo == "rlsd":  # one token a segment: RLSD's per-token multiplier is SHARPO's here
-        return rlsd_token_advantages(adv, logp_teacher, logp_old, mask, lam, mult_eps)  # (Eq. 8)
+        return rlsd_token_advantages(adv, logp_teacher, logp_old, mask, lam, mult_eps)[0]  # (Eq. 8)
     if algo == "gigpo":  # the decision's index is the anchor state: every episode of a group passes through it
         traj = torch.arange(len(rows["adv"])) // L
         step_adv, _ = gigpo_step_advantages((rows["step"] == L - 1).float() * rewards[traj], traj,
@@ -154,7 +154,7 @@ def credit(algo, rows, logp_old, logp_teacher, mask, mult_eps, lam, G, L, groups
         return gigpo_token_advantages(adv, step_adv, mask)  # (Eq. 11-13)
     gaps = segment_gap(logp_teacher, logp_old, mask)  # (B,) g                                 (Eq. 2-3)
     shape = "sigmoid" if algo == "stepopsd" else "exp"
-    return token_advantages(adv, gaps, mask, lam, mult_eps, shape)  # (B, 1)                 (Eq. 4-5)
+    return token_advantages(adv, gaps, mask, lam, mult_eps, shape)[0]  # (B, 1)              (Eq. 4-5)
 
 
 @torch.no_grad()

@@ -82,7 +82,7 @@ def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student
     functions; granularity "token" is RLSD (Eq. 8)."""
     response_mask = segment_ids >= 0  # (B, T)
     if granularity == "token":
-        return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, mult_eps)
+        return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, mult_eps)[0]
     check_mixing(lam, mult_eps)
     gaps = segment_means((logp_teacher - logp_student).detach(), segment_ids)  # (B, S) g of each segment
     mults = segment_multipliers(adv[:, None], gaps, mult_eps, shape)  # (B, S) m of each segment

@@ -61,7 +61,7 @@ def test_per_step_layout_equals_advantage_py():
                                torch.tensor([0, 0, 0, 1, 1]))
     adv_row = adv_traj[[order.index(t) for t in traj_uid]].float()
     response = mask.bool()
-    want = token_advantages(adv_row, segment_gap(teacher, student, response), response, lam=0.5, mult_eps=0.2)
+    want = token_advantages(adv_row, segment_gap(teacher, student, response), response, lam=0.5, mult_eps=0.2)[0]
     assert torch.equal(got, want)
     assert got.abs().sum() > 0 and (got[mask == 0] == 0).all()
 
@@ -81,7 +81,7 @@ def test_per_trajectory_layout_equals_advantage_py():
         got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity)
         adv = grpo_advantages(torch.tensor([10.0, 0.0, -0.1], dtype=torch.float64), torch.tensor([0, 0, 0])).float()
         if granularity == "token":
-            want = rlsd_token_advantages(adv, teacher, student, mask.bool())
+            want = rlsd_token_advantages(adv, teacher, student, mask.bool())[0]
         else:  # segment by segment, with advantage.py's functions, in a plain loop
             seg, want = runs_of_ones(mask), torch.zeros(3, 8)
             for b in range(3):
