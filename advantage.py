@@ -84,7 +84,7 @@ def segment_gap(logp_teacher: torch.Tensor, logp_student: torch.Tensor, response
     return total / counted.sum(1).clamp(min=1)  # (B,) g                                 (Eq. 3)
 
 
-def bounded(z: torch.Tensor, mult_eps: float, shape: str = "exp") -> torch.Tensor:
+def bounded(z: torch.Tensor, eps_m: float, shape: str = "exp") -> torch.Tensor:
     """clip(f(z), 1 - eps_m, 1 + eps_m), f = exp (SHARPO, RLSD; Eq. 4, 8) or 2 * sigmoid (StepOPSD; Eq. 9)."""
     if shape == "exp":
         m = torch.exp(z)
@@ -92,21 +92,23 @@ def bounded(z: torch.Tensor, mult_eps: float, shape: str = "exp") -> torch.Tenso
         m = 2.0 * torch.sigmoid(z)
     else:
         raise ValueError(f"shape must be 'exp' or 'sigmoid'; got {shape!r}")
-    return m.clamp(1.0 - mult_eps, 1.0 + mult_eps)
+    return m.clamp(1.0 - eps_m, 1.0 + eps_m)
 
 
-def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, mult_eps: float = 0.2, shape: str = "exp") -> torch.Tensor:
+def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, eps_m: float = 0.2, shape: str = "exp") -> torch.Tensor:
     """m = clip(exp(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment (Eq. 4; shape="sigmoid": Eq. 9).
 
     adv and gaps of the same shape ((B,) here; (B, S) in the verl bridge). Returns that shape."""
-    return bounded(torch.sign(adv) * gaps, mult_eps, shape)  # m                           (Eq. 4)
+    return bounded(torch.sign(adv) * gaps, eps_m, shape)  # m                           (Eq. 4)
 
 
-def check_mixing(lam: float, mult_eps: float) -> None:
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1] (0 = plain GRPO, 1 = multiplier only); got {lam}")
-    if not 0.0 < mult_eps < 1.0:
-        raise ValueError(f"mult_eps (the multiplier bound eps_m, --mult-eps) must be in (0, 1); got {mult_eps}")
+def check_mixing(lam: float, eps_m: float) -> None:
+    """The one check of lam and eps_m (train.py's flags go through it too): 0 <= lam <= 1 and
+    0 < eps_m < 1 (section 4), else a ValueError that names the bad one."""
+    if not 0.0 <= lam <= 1.0:  # a nan fails too
+        raise ValueError(f"lam (--lam) must be in [0, 1] (0 = plain GRPO, 1 = the multiplier alone); got {lam}")
+    if not 0.0 < eps_m < 1.0:
+        raise ValueError(f"eps_m (--eps-m), the multiplier's bound, must be in (0, 1); got {eps_m}")
 
 
 def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor, lam: float) -> torch.Tensor:
@@ -118,34 +120,34 @@ def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor
 
 
 def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float = 0.5,
-                     mult_eps: float = 0.2, shape: str = "exp") -> tuple[torch.Tensor, torch.Tensor]:
+                     eps_m: float = 0.2, shape: str = "exp") -> tuple[torch.Tensor, torch.Tensor]:
     """SHARPO's credit: each segment's bounded multiplier m_i, and the token advantage
     A_i * ((1 - lam) + lam * m_i) on every token of the row's segment (Eq. 4-5). Exercise 3.
 
     adv (B,) each row's trajectory advantage A_i; gaps (B,) each row's segment gap g_i;
-    response_mask (B, T) bool. mult_eps is the multiplier bound eps_m, not PPO's clip; shape
+    response_mask (B, T) bool. eps_m is the multiplier's bound, not PPO's clip; shape
     "sigmoid" is StepOPSD's 2 * sigmoid. Returns (Ahat (B, T), 0 off the segment; m (B,)).
     lam = 0 is GRPO.
     """
-    check_mixing(lam, mult_eps)
-    m = segment_multipliers(adv, gaps, mult_eps, shape)  # (B,) one multiplier a segment     (Eq. 4)
+    check_mixing(lam, eps_m)
+    m = segment_multipliers(adv, gaps, eps_m, shape)  # (B,) one multiplier a segment     (Eq. 4)
     return mix(adv, m[:, None].expand_as(response_mask), response_mask, lam), m  # (B, T)  (Eq. 5)
 
 
 def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     mult_eps: float = 0.2) -> torch.Tensor:
+                     eps_m: float = 0.2) -> torch.Tensor:
     """RLSD's multiplier, one per token: m_t = clip(exp(sign(A_i) * delta_t), 1 - eps_m, 1 + eps_m) (Eq. 8). (B, T)."""
     delta = (logp_teacher - logp_student).detach()  # (B, T)                              (Eq. 2)
-    return bounded(torch.sign(adv)[:, None] * delta, mult_eps)  # (B, T)                   (Eq. 8)
+    return bounded(torch.sign(adv)[:, None] * delta, eps_m)  # (B, T)                   (Eq. 8)
 
 
 def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
                           response_mask: torch.Tensor, lam: float = 0.5,
-                          mult_eps: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+                          eps_m: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
     """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8.
     Returns (Ahat (B, T), 0 off the segment; m_t (B, T))."""
-    check_mixing(lam, mult_eps)
-    m = rlsd_multipliers(adv, logp_teacher, logp_student, mult_eps)  # (B, T)                (Eq. 8)
+    check_mixing(lam, eps_m)
+    m = rlsd_multipliers(adv, logp_teacher, logp_student, eps_m)  # (B, T)                (Eq. 8)
     return mix(adv, m, response_mask, lam), m  # (B, T), (B, T)                                (Eq. 5)
 
 

@@ -93,7 +93,7 @@ class TrainArgs(RunArgs):
     """GRPO's group mean and std over trajectories, or over step rows (verl-agent)"""
     lam: float = 0.5
     """lam, the multiplier's weight: Ahat = A * ((1 - lam) + lam * m) (Eq. 5)"""
-    mult_eps: float = 0.2
+    eps_m: float = 0.2
     """eps_m, the multiplier's bound: m in [1 - eps_m, 1 + eps_m] (Eq. 4)"""
     gap_tokens: Literal["all", "action"] = "all"
     """the tokens the segment gap averages: all of the response, or those inside <action>"""
@@ -276,9 +276,9 @@ class Trainer:
         lam = args.lam if algo.mixes else 0.0  # GRPO and SDAR keep the advantage as it is
         if algo.granularity == "token":  # RLSD: one multiplier a token (Eq. 8)
             token_adv, mults = rlsd_token_advantages(adv.row, logp.teacher, logp.student, mask,
-                                                     lam, args.mult_eps)  # (B, T), (B, T)
+                                                     lam, args.eps_m)  # (B, T), (B, T)
         else:  # one multiplier a segment, shared by its tokens (Eq. 4-5)
-            token_adv, mults = token_advantages(adv.row, gaps, mask, lam, args.mult_eps,
+            token_adv, mults = token_advantages(adv.row, gaps, mask, lam, args.eps_m,
                                                 algo.shape)  # (B, T), (B,)
         return Credit(token_adv, gaps, mults if algo.mixes else None)
 

@@ -90,7 +90,7 @@ def check_2(f):
 def check_3(f):
     mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
     adv, gaps = torch.tensor([2.0, -1.0, 1.0]), torch.tensor([0.1, 0.1, -1.0])
-    result = f(adv, gaps, mask, lam=0.5, mult_eps=0.2)
+    result = f(adv, gaps, mask, lam=0.5, eps_m=0.2)
     if not (isinstance(result, tuple) and len(result) == 2):
         yield False, (f"return a pair: (Ahat (B, T), m (B,)), the token advantages and the multipliers they "
                       f"applied; got {type(result).__name__}")
@@ -108,11 +108,11 @@ def check_3(f):
     adv, gaps = torch.randn(64) * 3, torch.randn(64)
     adv[::7] = 0.0
     mask = torch.ones(64, 5, dtype=torch.bool)
-    out = f(adv, gaps, mask, lam=0.7, mult_eps=0.2)[0][:, 0]
+    out = f(adv, gaps, mask, lam=0.7, eps_m=0.2)[0][:, 0]
     yield bool((torch.sign(out) == torch.sign(adv)).all()), "sign(Ahat) must equal sign(A): the reward sets the direction"
     yield bool(((out - adv).abs() <= 0.7 * 0.2 * adv.abs() + 1e-6).all()), (
         "|Ahat - A| must stay within lam * eps_m * |A|: is the multiplier clipped to [1 - eps_m, 1 + eps_m]?")
-    yield close(f(adv, gaps, mask, lam=0.0, mult_eps=0.2)[0][:, 0], adv), "lam = 0 must give GRPO exactly: Ahat = A"
+    yield close(f(adv, gaps, mask, lam=0.0, eps_m=0.2)[0][:, 0], adv), "lam = 0 must give GRPO exactly: Ahat = A"
     yield bool((out[adv == 0] == 0).all()), "A = 0 must give Ahat = 0, whatever the teacher says"
     yield close(f(adv, torch.zeros(64), mask)[0][:, 0], adv), "a gap of 0 (teacher = student) must give Ahat = A"
 

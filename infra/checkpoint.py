@@ -52,6 +52,7 @@ from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
 from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
+from infra.cli import with_current_names
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
 CHECKPOINT_NAME = re.compile(r"iter-(\d{6,})")  # the names train.py gives a checkpoint: iter-{n:06d}
@@ -245,7 +246,7 @@ CONFIG_TYPES = {"model": (str,), "load_in_4bit": (bool, type(None)), "seed": (in
 
 
 def read_config(ckpt: Path) -> dict:
-    config = read_json(ckpt / "config.json", "the checkpoint's training flags")
+    config = with_current_names(read_json(ckpt / "config.json", "the checkpoint's training flags"))
     for key, kinds in CONFIG_TYPES.items():
         value = config.get(key)
         if key in ("model", "env") and key not in config:

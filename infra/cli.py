@@ -181,6 +181,14 @@ def parse_dataclass(cls, argv: list[str] | None = None, description: str | None 
     return cls(**vars(ns))
 
 
+RENAMED_FLAGS = {"mult_eps": "eps_m"}  # flags renamed since some runs were saved: old name -> new
+
+
+def with_current_names(config: dict) -> dict:
+    """A saved config.json's flags under today's names (a run saved as --mult-eps resumes as --eps-m)."""
+    return {RENAMED_FLAGS.get(k, k) if RENAMED_FLAGS.get(k) not in config else k: v for k, v in config.items()}
+
+
 SEED_LIMIT = 2**32  # torch, numpy and random take seeds in [0, 2^32) (beyond: a ValueError traceback)
 
 

@@ -21,9 +21,10 @@ from typing import Literal
 import torch
 
 from envs import SPLITS, history_length
+from advantage import check_mixing
 from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
-from infra.cli import UserError, build_parser, check_domains, given_flags
+from infra.cli import UserError, build_parser, check_domains, given_flags, with_current_names
 from infra.models import check_available, default_model_name, resolve_dtype
 from vllm_rollout import missing as vllm_missing
 
@@ -160,7 +161,8 @@ def resume_args(cls, given: dict):
     folder = Path(given["resume"])
     fresh = (folder / "config.json").is_file() and not (folder / "state.json").is_file() and not run_checkpoints(folder)
     if fresh:  # killed before its first checkpoint: nothing to restore but the flags
-        ckpt, run_dir, saved = None, folder, read_json(folder / "config.json", "the run's training flags")
+        ckpt, run_dir = None, folder
+        saved = with_current_names(read_json(folder / "config.json", "the run's training flags"))
     else:
         ckpt = find_checkpoint(folder)
         run_dir = run_dir_of(ckpt)
@@ -245,14 +247,14 @@ def check_args(args) -> None:
                   "temperature", "ppo_clip", "grad_clip", "eval_games", "env_timeout"),
         non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
                       "eval_every", "samples_per_iter", "gigpo_omega", "rollout_batch", "lora_layers"),
-        finite=("lam", "mult_eps", "gigpo_gamma"),
+        finite=("gigpo_gamma",),
     )
     if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above
         problems.append(f"--gigpo-gamma must be in [0, 1]; got {args.gigpo_gamma}")
-    if math.isfinite(args.lam) and not 0 <= args.lam <= 1:
-        problems.append(f"--lam must be in [0, 1]; got {args.lam}")
-    if math.isfinite(args.mult_eps) and not 0 < args.mult_eps < 1:
-        problems.append(f"--mult-eps must be in (0, 1); got {args.mult_eps}")
+    try:  # lam and eps_m: advantage.py's one check, its message
+        check_mixing(args.lam, args.eps_m)
+    except ValueError as err:
+        problems.append(str(err))
     for flag, value, limit in (("--groups x --group-size (episodes per iteration)", args.groups * args.group_size,
                                 MAX_EPISODES), ("--max-steps", args.max_steps, MAX_STEPS),
                                ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):

@@ -93,7 +93,7 @@ def iteration_metrics(stages: Stages, args, dist, iteration: int) -> dict:
     all_trajs = dist.gather(stages.trajs)  # [distributed] metrics over every process's episodes
     out = {"iteration": iteration, **rollout_metrics(all_trajs, [t.group for t in all_trajs])}
     if algo.teacher:
-        out.update(teacher_metrics(stages, args.algo, args.mult_eps, dist.gather))
+        out.update(teacher_metrics(stages, args.algo, args.eps_m, dist.gather))
     if algo.step_groups:
         out.update(gigpo_metrics(adv, dist.gather))
     if rows.gap_mask is not None:  # --gap-tokens action: responses without an <action> block, gap over all their tokens

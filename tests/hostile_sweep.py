@@ -544,7 +544,7 @@ def flag_cases() -> list[tuple[str, list[str]]]:
     train_cases = [
         ["--seed", "-1"], ["--seed", str(2**32)], ["--seed", str(2**70)], ["--seed", "1.5"],
         ["--lr", "-1e-3"], ["--lr", "0"], ["--lr", "nan"], ["--lr", "inf"], ["--lr", "-inf"], ["--lr", "1e400"],
-        ["--lam", "nan"], ["--lam", "-0.1"], ["--lam", "1.5"], ["--mult-eps", "0"], ["--mult-eps", "1"],
+        ["--lam", "nan"], ["--lam", "-0.1"], ["--lam", "1.5"], ["--eps-m", "0"], ["--eps-m", "1"],
         ["--temperature", "-1"], ["--temperature", "nan"], ["--kl-coef", "-1"], ["--gigpo-gamma", "2"],
         ["--groups", "0"], ["--groups", "-3"], ["--groups", "100000"], ["--group-size", "100000"],
         ["--group-size", "0"], ["--max-steps", "100000"], ["--max-steps", "-1"], ["--max-new-tokens", "0"],

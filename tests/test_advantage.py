@@ -95,12 +95,12 @@ def _random_case(seed, B=6, T=20):
 VARIANTS = ["sharpo", "rlsd", "stepopsd"]
 
 
-def ahat(variant, adv, lt, ls, mask, lam=0.5, mult_eps=0.2):
+def ahat(variant, adv, lt, ls, mask, lam=0.5, eps_m=0.2):
     """The token advantage as train.py's stage 5 computes it for each variant."""
     if variant == "rlsd":
-        return rlsd_token_advantages(adv, lt, ls, mask, lam, mult_eps)[0]
+        return rlsd_token_advantages(adv, lt, ls, mask, lam, eps_m)[0]
     shape = "sigmoid" if variant == "stepopsd" else "exp"
-    return token_advantages(adv, segment_gap(lt, ls, mask), mask, lam, mult_eps, shape)[0]
+    return token_advantages(adv, segment_gap(lt, ls, mask), mask, lam, eps_m, shape)[0]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -110,7 +110,7 @@ def test_sharpo_properties(variant, seed, lam, eps_m):
     """METHOD.md section 4: sign(Ahat) = sign(A); |Ahat - A| <= lam * eps_m * |A|; A = 0 gives
     0; zero outside the segment; constant within a segment (RLSD exempt)."""
     adv, lt, ls, mask = _random_case(seed)
-    out = ahat(variant, adv, lt, ls, mask, lam=lam, mult_eps=eps_m)
+    out = ahat(variant, adv, lt, ls, mask, lam=lam, eps_m=eps_m)
     A = adv[:, None].expand_as(out)
     assert torch.equal(torch.sign(out[mask]), torch.sign(A[mask]))
     assert ((out - A).abs()[mask] <= lam * eps_m * A.abs()[mask] + 1e-6).all()
@@ -161,7 +161,7 @@ def test_sharpo_matches_loop(seed):
     """The vectorized gap and token advantage equal a loop over rows and tokens."""
     adv, lt, ls, mask = _random_case(seed)
     lam, eps = 0.5, 0.2
-    fast, _ = token_advantages(adv, segment_gap(lt, ls, mask), mask, lam=lam, mult_eps=eps)
+    fast, _ = token_advantages(adv, segment_gap(lt, ls, mask), mask, lam=lam, eps_m=eps)
     slow = torch.zeros_like(fast)
     for b in range(mask.shape[0]):
         sign = (adv[b].item() > 0) - (adv[b].item() < 0)
@@ -185,7 +185,7 @@ def test_gap_mask_limits_the_gap_to_chosen_tokens():
     assert segment_gap(lt, ls, mask, gap_mask=torch.zeros(1, 4, dtype=torch.bool)).item() == 0.0
 
 
-@pytest.mark.parametrize("kw", [dict(lam=-0.1), dict(lam=1.5), dict(mult_eps=0.0), dict(mult_eps=1.0),
+@pytest.mark.parametrize("kw", [dict(lam=-0.1), dict(lam=1.5), dict(eps_m=0.0), dict(eps_m=1.0),
                                 dict(shape="tanh")])
 def test_invalid_settings_raise(kw):
     """Settings outside 0 <= lam <= 1, 0 < eps_m < 1, or unknown variants are clear errors."""

@@ -125,7 +125,8 @@ def test_install_script_shows_progress():
 @pytest.mark.parametrize("argv, needle", [
     (["--lr", "-1e-3"], "--lr must be > 0; got -0.001"),  # argparse alone read -1e-3 as a flag
     (["--lr", "-inf"], "--lr must be a finite number; got -inf"),
-    (["--lam", "nan"], "--lam must be a finite number; got nan"),  # one message, not two joined
+    (["--lam", "nan"], "lam (--lam) must be in [0, 1] (0 = plain GRPO, 1 = the multiplier alone); got nan"),
+    (["--eps-m", "1"], "eps_m (--eps-m), the multiplier's bound, must be in (0, 1); got 1.0"),  # advantage.py's check
     (["--seed", str(2**70)], "--seed must be in [0, 2^32); got"),  # a ValueError traceback in torch before
     (["--groups", "100000"], "above this project's limit of 4096"),  # it printed nothing for minutes before
     (["--max-steps", "100000"], "above this project's limit of 1000"),

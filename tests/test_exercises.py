@@ -35,7 +35,7 @@ def gap_with_padding(logp_teacher, logp_student, response_mask, gap_mask=None): 
     return (logp_teacher - logp_student).mean(1)
 
 
-def unclipped_multiplier(adv, gaps, response_mask, lam=0.5, mult_eps=0.2):
+def unclipped_multiplier(adv, gaps, response_mask, lam=0.5, eps_m=0.2):
     m = torch.exp(torch.sign(adv) * gaps)
     return torch.where(response_mask, (adv * ((1 - lam) + lam * m))[:, None], torch.zeros(())), m
 

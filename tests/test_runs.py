@@ -345,3 +345,19 @@ def test_a_run_ends_with_its_last_iterations_segments(tmp_path):
     steps = [line for line in table if line.startswith("  step ")]
     assert steps and all(" g " in line and " m " in line for line in steps)
     assert metrics.last_samples(tmp_path / "nothing") == [] and metrics.segments_table([]) == ""
+
+
+def test_a_run_saved_with_the_old_flag_name_resumes(tmp_path):
+    """--mult-eps is --eps-m now (METHOD.md's symbol): a run folder whose config.json says mult_eps
+    resumes with its value under the new name, and is saved under it."""
+    run = tiny_run_folder(tmp_path, eps_m=0.3)
+    for path in [run / "config.json", *run.glob("checkpoints/*/config.json")]:
+        saved = json.loads(path.read_text())
+        saved["mult_eps"] = saved.pop("eps_m")
+        path.write_text(json.dumps(saved))
+    args = train.parse_args(["--resume", str(run), "--iterations", "2"])
+    assert args.eps_m == 0.3
+    tiny_train(args)
+    assert json.loads((run / "config.json").read_text())["eps_m"] == 0.3
+    with pytest.raises(UserError, match="--eps-m"):  # and it is the same experiment: eps_m may not change
+        train.parse_args(["--resume", str(run), "--eps-m", "0.2"])

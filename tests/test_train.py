@@ -68,7 +68,7 @@ def test_sharpo_with_lam_zero_gives_the_grpo_update(tmp_path):
         states.append(_lora_state(trainer.model))
     assert all(torch.equal(states[0][n], states[1][n]) for n in states[0])
     # and SHARPO with lam > 0 does differ (the teacher changes the update)
-    trainer = _trainer(_args(tmp_path / "sharpo-on", algo="sharpo", lam=1.0, mult_eps=0.5))
+    trainer = _trainer(_args(tmp_path / "sharpo-on", algo="sharpo", lam=1.0, eps_m=0.5))
     trainer.iteration()
     other = _lora_state(trainer.model)
     assert any(not torch.equal(states[1][n], other[n]) for n in other)
@@ -232,7 +232,7 @@ def test_bad_flags_are_clear_errors(capsys):
         with pytest.raises(SystemExit) as exit_info:
             train.parse_args(argv)
         assert exit_info.value.code == 2 and needle in capsys.readouterr().err
-    for argv, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--mult-eps", "1.5"], "--mult-eps")):
+    for argv, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--eps-m", "1.5"], "--eps-m")):
         with pytest.raises(UserError, match=needle):
             train.parse_args(argv)
 
@@ -242,7 +242,7 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     """mult_* summarises the multiplier each algorithm really applies: per segment for sharpo,
     per trained token for rlsd (its mean differs from the segment view), none for sdar/grpo."""
     args = train.parse_args(flags(model="tiny", preset="none", algo=algo, groups=2, group_size=4, max_steps=2,
-                                   max_new_tokens=8, eval_every=0, hindsight="expert", mult_eps=0.9,
+                                   max_new_tokens=8, eval_every=0, hindsight="expert", eps_m=0.9,
                                    output_dir=str(tmp_path / "r")))
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
@@ -256,17 +256,17 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
         logp.teacher = logp.teacher + torch.linspace(-0.5, 0.5, logp.teacher.shape[1])
     credit = trainer.credit(rows, adv, logp)
-    m = metrics.teacher_metrics(metrics.Stages(trajs, rows, adv, logp, credit, {}, None, None), algo, args.mult_eps)
+    m = metrics.teacher_metrics(metrics.Stages(trajs, rows, adv, logp, credit, {}, None, None), algo, args.eps_m)
     sel = rows.has_hindsight & (adv.row != 0)
     if algo == "sharpo":
         assert m["mult_mean"] == pytest.approx(float(credit.mults[sel].mean()))
     elif algo == "rlsd":
         delta = logp.teacher - logp.student  # RLSD's multiplier, token by token, written out here
-        per_token = torch.exp(torch.sign(adv.row)[:, None] * delta).clamp(1 - args.mult_eps, 1 + args.mult_eps)
+        per_token = torch.exp(torch.sign(adv.row)[:, None] * delta).clamp(1 - args.eps_m, 1 + args.eps_m)
         tokens = per_token[sel][rows.response_mask[sel]]
         assert m["mult_mean"] == pytest.approx(float(tokens.mean()))
         assert torch.equal(credit.mults[rows.response_mask], per_token[rows.response_mask])  # computed once
-        segment_view = segment_multipliers(adv.row, credit.gaps, args.mult_eps)  # (B,)
+        segment_view = segment_multipliers(adv.row, credit.gaps, args.eps_m)  # (B,)
         assert m["mult_mean"] != pytest.approx(float(segment_view[sel].mean()))  # not the segment view
     else:
         assert "mult_mean" not in m and credit.mults is None  # grpo and sdar scale no advantage

@@ -107,7 +107,7 @@ class CreditArgs:
     max_new_tokens: int = 64  # response length limit per turn
     temperature: float = 1.0  # sampling temperature, as train.py's (the log-probs use the same); cpu-learn's is 0.6
     history: str = "2"  # observation/action pairs in the prompt
-    mult_eps: float = 0.2  # multiplier bound eps_m
+    eps_m: float = 0.2  # multiplier bound eps_m
     gigpo_gamma: float = 0.95  # GiGPO's discount (for its no-teacher score)
     micro_batch_rows: int = 4  # rows per no-grad forward pass
     bootstrap: int = 1000  # bootstrap resamples for the intervals
@@ -212,7 +212,7 @@ def paired_difference(a, b, labels, cluster_of, n: int, seed: int) -> dict:
 
 # ----------------------------------------------------------------------------- scores
 def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tensor], response_mask: torch.Tensor,
-                action_mask: torch.Tensor, sign: torch.Tensor, mult_eps: float) -> dict[str, torch.Tensor]:
+                action_mask: torch.Tensor, sign: torch.Tensor, eps_m: float) -> dict[str, torch.Tensor]:
     """Every teacher score of every step, oriented so that higher = more weight on that step,
     from advantage.py's own functions (METHOD.md sections 3-4).
 
@@ -226,10 +226,10 @@ def step_scores(logp_student: torch.Tensor, logp_teachers: dict[str, torch.Tenso
     for name, logp_teacher in logp_teachers.items():
         for tokens, mask in (("all", None), ("action", action_mask)):
             gaps = segment_gap(logp_teacher, logp_student, response_mask, mask)  # (B,)
-            out[f"{name}/{tokens}"] = segment_multipliers(sign, gaps, mult_eps)  # (B,)
+            out[f"{name}/{tokens}"] = segment_multipliers(sign, gaps, eps_m)  # (B,)
             if tokens == "all":
                 out[f"{name}/gap"] = gaps  # (B,)
-        per_token = rlsd_multipliers(sign, logp_teacher, logp_student, mult_eps)  # (B, T)
+        per_token = rlsd_multipliers(sign, logp_teacher, logp_student, eps_m)  # (B, T)
         out[f"{name}/rlsd"] = (per_token * response_mask).sum(1) / response_mask.sum(1).clamp(min=1)  # (B,)
     return out
 
@@ -357,7 +357,7 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
                                             desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
-    scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.mult_eps)
+    scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.eps_m)
     surprise = -(logp_student * response_mask).sum(1) / lengths  # (B,) -mean log p of the sampled tokens
     plan_words = {t: {a.lower() for a in blocks[t]["plan"]} for t in blocks}
     not_in_plan = torch.tensor([float(s.action is None or s.action.lower() not in plan_words[trajs[i].task_id])
@@ -523,7 +523,7 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # credit.json says which ran
-    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "mult_eps", "micro_batch_rows",
+    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "eps_m", "micro_batch_rows",
                                              "temperature"),
                              non_negative=("games", "max_steps"))
     try:
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = auc_table(data, args.bootstrap)
     info = {"trajectories": len(trajs), "won": sum(t.won for t in trajs), "games": len(games), "split": args.split,
             "seeds": args.seeds, "steps": len(data["won"]), "copies": data["copies"],
-            "model": args.checkpoint or args.model or "smollm2", "gaps": gap_summary(data, args.mult_eps),
+            "model": args.checkpoint or args.model or "smollm2", "gaps": gap_summary(data, args.eps_m),
             "seconds": time.perf_counter() - t0}
     out.mkdir(parents=True, exist_ok=True)
     roc_png(data, out / "roc.png")

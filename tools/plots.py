@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from errors import file_system_problem
-from infra.cli import UserError, run
+from infra.cli import UserError, run, with_current_names
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -219,7 +219,7 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
     eps = 0.2
     if (run / "config.json").exists():
         try:
-            eps = num(json.loads((run / "config.json").read_text()).get("mult_eps", 0.2))
+            eps = num(with_current_names(json.loads((run / "config.json").read_text())).get("eps_m", 0.2))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
             raise UserError(f"{run / 'config.json'} is not a JSON object of train.py flags") from None
         if not 0 < eps < 1:

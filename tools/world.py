@@ -92,7 +92,7 @@ def teacher_sigma(auc: float, gap: float) -> float:
     return math.sqrt(2.0) * gap / float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(auc)))
 
 
-def run_world(algo: str, auc: float, mult_eps: float, lam: float, seed: int, args: WorldArgs) -> list[float]:
+def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: WorldArgs) -> list[float]:
     """One training run in the world; returns the exact success after each iteration (index 0: the start)."""
     K, L, A, G = args.tasks, args.decisions, args.actions, args.group_size
     critical = L if args.critical <= 0 else min(args.critical, L)
@@ -127,7 +127,7 @@ def run_world(algo: str, auc: float, mult_eps: float, lam: float, seed: int, arg
         with torch.no_grad():
             logp_old = torch.log_softmax(logits[rows["task"], rows["step"]], -1).gather(1, rows["act"][:, None])  # (B, 1)
         logp_teacher = logp_old + rows["gap"][:, None]  # (B, 1) a teacher whose gap is g
-        token_adv = credit(algo, rows, logp_old, logp_teacher, mask, mult_eps, lam, G, L, groups, rewards, args)
+        token_adv = credit(algo, rows, logp_old, logp_teacher, mask, eps_m, lam, G, L, groups, rewards, args)
         order = torch.randperm(N * L, generator=gen)
         for m in range(args.minibatches):
             idx = order[m * N * L // args.minibatches : (m + 1) * N * L // args.minibatches]
@@ -140,13 +140,13 @@ def run_world(algo: str, auc: float, mult_eps: float, lam: float, seed: int, arg
     return curve
 
 
-def credit(algo, rows, logp_old, logp_teacher, mask, mult_eps, lam, G, L, groups, rewards, args) -> torch.Tensor:
+def credit(algo, rows, logp_old, logp_teacher, mask, eps_m, lam, G, L, groups, rewards, args) -> torch.Tensor:
     """Ahat (B, 1) of `algo`, from advantage.py's functions as train.py's stage 5 calls them."""
     adv = rows["adv"]
     if algo == "grpo":
         lam = 0.0
     if algo == "rlsd":  # one token a segment: RLSD's per-token multiplier is SHARPO's here
-        return rlsd_token_advantages(adv, logp_teacher, logp_old, mask, lam, mult_eps)[0]  # (Eq. 8)
+        return rlsd_token_advantages(adv, logp_teacher, logp_old, mask, lam, eps_m)[0]  # (Eq. 8)
     if algo == "gigpo":  # the decision's index is the anchor state: every episode of a group passes through it
         traj = torch.arange(len(rows["adv"])) // L
         step_adv, _ = gigpo_step_advantages((rows["step"] == L - 1).float() * rewards[traj], traj,
@@ -154,7 +154,7 @@ def credit(algo, rows, logp_old, logp_teacher, mask, mult_eps, lam, G, L, groups
         return gigpo_token_advantages(adv, step_adv, mask)  # (Eq. 11-13)
     gaps = segment_gap(logp_teacher, logp_old, mask)  # (B,) g                                 (Eq. 2-3)
     shape = "sigmoid" if algo == "stepopsd" else "exp"
-    return token_advantages(adv, gaps, mask, lam, mult_eps, shape)[0]  # (B, 1)              (Eq. 4-5)
+    return token_advantages(adv, gaps, mask, lam, eps_m, shape)[0]  # (B, 1)              (Eq. 4-5)
 
 
 @torch.no_grad()
@@ -178,9 +178,9 @@ def mean_interval(values: list[float], seed: int = 0, n_boot: int = 2000) -> lis
     return [float(x.mean()), float(means.quantile(0.025)), float(means.quantile(0.975))]
 
 
-def speed_ratio(algo: str, auc: float, mult_eps: float, lam: float, args: WorldArgs, grpo: dict) -> dict:
+def speed_ratio(algo: str, auc: float, eps_m: float, lam: float, args: WorldArgs, grpo: dict) -> dict:
     """`algo`'s iterations to the threshold over GRPO's, seed by seed (the same start and draws)."""
-    curves = [run_world(algo, auc, mult_eps, lam, s, args) for s in range(args.seeds)]
+    curves = [run_world(algo, auc, eps_m, lam, s, args) for s in range(args.seeds)]
     its = [iterations_to(c, args.threshold) for c in curves]
     ratios = [i / grpo["iterations"][s] for s, i in enumerate(its)]
     return {"iterations": its, "ratio": mean_interval(ratios), "curve": mean_curve(curves)}

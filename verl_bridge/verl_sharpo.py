@@ -75,17 +75,17 @@ def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments:
 
 
 def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     segment_ids: torch.Tensor, lam: float = 0.5, mult_eps: float = 0.2, shape: str = "exp",
+                     segment_ids: torch.Tensor, lam: float = 0.5, eps_m: float = 0.2, shape: str = "exp",
                      granularity: str = "segment") -> torch.Tensor:
     """Ahat (B, T) for rows that may hold several segments (segment_ids (B, T), -1 off them): each
     segment's gap (METHOD.md Eq. 2-3), its multiplier and the mixing (Eq. 4-5) by advantage.py's
     functions; granularity "token" is RLSD (Eq. 8)."""
     response_mask = segment_ids >= 0  # (B, T)
     if granularity == "token":
-        return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, mult_eps)[0]
-    check_mixing(lam, mult_eps)
+        return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, eps_m)[0]
+    check_mixing(lam, eps_m)
     gaps = segment_means((logp_teacher - logp_student).detach(), segment_ids)  # (B, S) g of each segment
-    mults = segment_multipliers(adv[:, None], gaps, mult_eps, shape)  # (B, S) m of each segment
+    mults = segment_multipliers(adv[:, None], gaps, eps_m, shape)  # (B, S) m of each segment
     return mix(adv, mults.gather(1, segment_ids.clamp(min=0)), response_mask, lam)  # (B, T) each token its segment's
 
 
@@ -95,16 +95,16 @@ def _labels(values) -> torch.Tensor:
     return torch.tensor([index.setdefault(v, len(index)) for v in np.asarray(values).tolist()])
 
 
-def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, mult_eps: float = 0.2,
+def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, eps_m: float = 0.2,
                       shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
                       mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
-    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, mult_eps, shape and
+    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, eps_m, shape and
     granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD)."""
     adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)  # (B,), (B, T)
     batch = data.batch
     return token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
-                            lam=lam, mult_eps=mult_eps, shape=shape, granularity=granularity)
+                            lam=lam, eps_m=eps_m, shape=shape, granularity=granularity)
 
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",

@@ -55,13 +55,13 @@ def test_per_step_layout_equals_advantage_py():
     teacher = student + 0.3 * torch.randn(B, T, generator=g)
     data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                    "teacher_log_probs": teacher}, {"uid": uid, "traj_uid": traj_uid})
-    got = sharpo_advantages(data, layout="per_step", lam=0.5, mult_eps=0.2)
+    got = sharpo_advantages(data, layout="per_step", lam=0.5, eps_m=0.2)
     order = ["a", "b", "c", "d", "e"]
     adv_traj = grpo_advantages(torch.tensor([episode[t] for t in order], dtype=torch.float64),
                                torch.tensor([0, 0, 0, 1, 1]))
     adv_row = adv_traj[[order.index(t) for t in traj_uid]].float()
     response = mask.bool()
-    want = token_advantages(adv_row, segment_gap(teacher, student, response), response, lam=0.5, mult_eps=0.2)[0]
+    want = token_advantages(adv_row, segment_gap(teacher, student, response), response, lam=0.5, eps_m=0.2)[0]
     assert torch.equal(got, want)
     assert got.abs().sum() > 0 and (got[mask == 0] == 0).all()
 
