@@ -69,29 +69,69 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
 WEBSHOP_WARMSTART = DATA / "warmstart" / "smollm2-webshop"  # cloned on the 51 train goals (tools/warmstart.py)
 LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on data/alfworld-learn-warmstart
-PRESETS = {
+# What each preset changes from TrainArgs's and RunArgs's defaults (the GPU setting), and why:
+# flag -> (value, reason). The run prints these at start (describe); docs/training.md's preset
+# tables are made from them (preset_tables, checked by tests/test_docs.py).
+PRESET_CHANGES = {
     "gpu": {},
-    "cpu-demo": dict(  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
-        model="smollm2", lora_r=8, lora_alpha=16, lr=1e-4, kl_coef=0.0, iterations=2, groups=2, group_size=4,
-        max_new_tokens=64, hindsight="expert", minibatches=2, micro_batch_rows=4, eval_every=0, lora_layers=10,
-    ),  # LoRA on the last 10 of SmolLM2's 30 layers: a third of the backward; the run ends with its segments, not an eval
-    "cpu-learn": dict(  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
-        # (results/learning-cpu/sweep, in git history at e287449): at temperature 1 the 135M policy won 0 of 16 rollouts, at 0.6 it wins some;
-        # 4 tasks x 4 rollouts for 8 iterations, 4 optimizer steps each: its runs saw 8-15 groups holding both a
-        # win and a loss (the groups that say "take the object the task names"), 2 x 8 for 4 iterations saw 2-5
-        model="smollm2", lora_r=8, lora_alpha=16, lr=3e-4, kl_coef=0.0, iterations=8, groups=4, group_size=4,
-        max_new_tokens=64, hindsight="expert", minibatches=4, micro_batch_rows=4, eval_every=8, eval_games=32,
-        data_dir=str(DATA / "alfworld-learn"), eval_split="valid_seen", init_adapter=str(LEARN_WARMSTART),
-        max_steps=6, temperature=0.6,
-    ),
+    "cpu-demo": {  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
+        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+        "iterations": (2, "a demo of minutes: two iterations show the loop, not learning"),
+        "groups": (2, "2 tasks x 4 rollouts: 8 episodes an iteration"),
+        "group_size": (4, "2 tasks x 4 rollouts: 8 episodes an iteration"),
+        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
+        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
+                                "every trajectory a hindsight block"),
+        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
+                         "pass and the update"),
+        "lr": (1e-4, "a 135M model and 2 iterations: a larger step than the 7B setting's 3e-6"),
+        "lora_r": (8, "a small adapter for a small model"),
+        "lora_alpha": (16, "a small adapter for a small model"),
+        "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
+        "eval_every": (0, "the run ends with its segments table, not an evaluation"),
+    },
+    "cpu-learn": {  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
+        # (results/learning-cpu/sweep, in git history at e287449): 4 tasks x 4 rollouts for 8 iterations, 4
+        # optimizer steps each, saw 8-15 groups holding both a win and a loss; 2 x 8 for 4 iterations saw 2-5
+        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+        "data_dir": (str(DATA / "alfworld-learn"), "the learning set: 64 train games, 32 held out"),
+        "init_adapter": (str(LEARN_WARMSTART), "a warm start cloned on 16 other games"),
+        "temperature": (0.6, "at temperature 1 the 135M policy won 0 of 16 rollouts; at 0.6 it wins some"),
+        "iterations": (8, "recipe K of the pilot sweep: the gain is there by iteration 4"),
+        "groups": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
+        "group_size": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
+        "max_steps": (6, "short episodes: 6 steps"),
+        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
+        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
+                                "every trajectory a hindsight block"),
+        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
+                         "pass and the update"),
+        "lr": (3e-4, "recipe K of the pilot sweep"),
+        "minibatches": (4, "recipe K: 4 optimizer steps an iteration"),
+        "lora_r": (8, "a small adapter for a small model"),
+        "lora_alpha": (16, "a small adapter for a small model"),
+        "eval_every": (8, "one held-out evaluation, at the end"),
+        "eval_split": ("valid_seen", "the learning set's held-out games"),
+    },
     "none": {},
 }
-CPU_DEMO_PER_ENV = {  # each env's shipped warm start, for SmolLM2; short games keep episodes to 4 steps
-    "alfworld": dict(init_adapter=str(WARMSTART), max_plan_len=4, max_steps=4),
-    # a results page is ~470 tokens: one observation of history, not two; a search answer repeats the
-    # goal's words (up to 85 tokens), so 96 new tokens; expert plans are 4-5 steps
-    "webshop": dict(init_adapter=str(WEBSHOP_WARMSTART), max_steps=6, history="1", max_new_tokens=96),
+CPU_DEMO_ENV_CHANGES = {  # each env's shipped warm start, for SmolLM2
+    "alfworld": {
+        "init_adapter": (str(WARMSTART), "a behaviour-cloned warm start: without one the 135M model "
+                                         "cannot write the answer format"),
+        "max_plan_len": (4, "the shipped games whose expert needs at most 4 steps"),
+        "max_steps": (4, "short episodes: 4 steps"),
+    },
+    "webshop": {
+        "init_adapter": (str(WEBSHOP_WARMSTART), "a behaviour-cloned warm start: without one the 135M "
+                                                 "model cannot write the answer format"),
+        "max_steps": (6, "expert plans are 4-5 steps"),
+        "history": ("1", "a results page is ~470 tokens: one observation of history, not two"),
+        "max_new_tokens": (96, "a search answer repeats the goal's words (up to 85 tokens)"),
+    },
 }
+PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
+CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
@@ -107,13 +147,58 @@ REAL_DATA = {  # where each env's real data comes from (docs/environments.md)
 }
 
 
+def preset_changes(preset: str, env: str) -> dict[str, tuple]:
+    """What the (resolved) preset changes for this env: flag -> (value, reason)."""
+    return {**PRESET_CHANGES[preset], **(CPU_DEMO_ENV_CHANGES.get(env, {}) if preset == "cpu-demo" else {})}
+
+
 def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
     """(resolved preset name, the defaults it sets for this env)."""
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
     if preset == "cpu-learn" and env != "alfworld":
         raise UserError(f"--preset cpu-learn is ALFWorld's (its games are data/alfworld-learn); drop it for --env {env}")
-    return preset, {**PRESETS[preset], **(CPU_DEMO_PER_ENV.get(env, {}) if preset == "cpu-demo" else {})}
+    return preset, {k: v for k, (v, _) in preset_changes(preset, env).items()}
+
+
+def preset_lines(args) -> list[str]:
+    """What the run's preset changed from the GPU setting and is still in force (a flag given on the
+    command line wins), each with its reason; flags that share a reason share a line."""
+    kept = [(flag, value, why) for flag, (value, why) in preset_changes(args.preset, args.env).items()
+            if getattr(args, flag) == value]
+    if not kept:
+        return []
+    lines, flags = [f"the {args.preset} preset changes, from the GPU setting:"], []
+    for i, (flag, value, why) in enumerate(kept):
+        flags.append(f"--{flag.replace('_', '-')} {shown(value)}")
+        if i + 1 == len(kept) or kept[i + 1][2] != why:
+            lines.append(f"  {' '.join(flags)}: {why}")
+            flags = []
+    return lines
+
+
+def shown(value) -> str:
+    """A flag's value as a reader would type it: paths relative to the repository."""
+    text = str(value)
+    return text.replace(str(DATA.parent) + os.sep, "") if isinstance(value, str) else text
+
+
+def preset_tables() -> str:
+    """docs/training.md's preset tables: what each preset changes, to what, and why."""
+    out = []
+    for name, changes in PRESET_CHANGES.items():
+        if not changes:
+            continue
+        out += [f"`--preset {name}`:", "", "| flag | value | why |", "|---|---|---|"]
+        out += [f"| `--{k.replace('_', '-')}` | {shown(v)} | {why} |" for k, (v, why) in changes.items()]
+        out.append("")
+        if name == "cpu-demo":
+            for env, extra in CPU_DEMO_ENV_CHANGES.items():
+                out += [f"`--preset cpu-demo` adds, with `--env {env}`:", "", "| flag | value | why |",
+                        "|---|---|---|"]
+                out += [f"| `--{k.replace('_', '-')}` | {shown(v)} | {why} |" for k, (v, why) in extra.items()]
+                out.append("")
+    return "\n".join(out)
 
 
 def parse_train_args(cls, argv: list[str] | None = None, description: str | None = None):
@@ -320,6 +405,8 @@ def describe(args) -> str:
     if not args.resume and not torch.cuda.is_available() and args.preset == "cpu-demo":
         lines.append("no GPU found: using the cpu-demo preset (a few short episodes on the shipped games); "
                      "pass --preset gpu on a GPU machine for the full setting")
+    if not args.resume:  # what the preset changed from the GPU setting, and why
+        lines += preset_lines(args)
     lines.append(f"training {args.algo} on {args.env} with {args.model} ({precision(args.dtype)}): {args.iterations} "
                  f"iterations x {args.groups} tasks x {args.group_size} rollouts -> {args.output_dir}")
     return "\n".join(lines)

@@ -181,3 +181,19 @@ def test_a_stop_under_a_progress_bar_starts_its_own_line_and_the_exit_ignores_fu
         for s, handler in before.items():
             signal.signal(s, handler)
     assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted: stopped before it finished")
+
+
+def test_the_demo_says_what_its_preset_changes_and_why():
+    """The cpu-demo preset switches the hindsight mode and the KL term, among others: the run's first
+    lines say so, each change with its reason; a flag given on the command line is not reported as
+    the preset's."""
+    from infra import config
+
+    text = config.describe(train.parse_args(["--preset", "cpu-demo", "--output-dir", "unused"]))
+    assert "the cpu-demo preset changes, from the GPU setting:" in text
+    assert "--hindsight expert: the 135M model rarely has a winning sibling" in text
+    assert "--kl-coef 0.0: no KL term" in text
+    mine = config.describe(train.parse_args(["--preset", "cpu-demo", "--hindsight", "sibling", "--output-dir", "x"]))
+    assert "--hindsight" not in mine and "--kl-coef 0.0" in mine
+    assert "preset changes" not in config.describe(train.parse_args(["--preset", "none", "--model", "tiny",
+                                                                      "--output-dir", "x"]))

@@ -130,3 +130,19 @@ def test_the_time_plan_counts_the_reference_pass_over_every_row():
     stages = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 6}
     assert "reference pass" in stages and "every row" in stages["reference pass"]
     assert "ties skip rows" not in text
+
+
+def test_the_preset_tables_and_the_flag_table_are_the_code_s():
+    """docs/training.md's preset tables are the presets as infra/config.py defines them (each change
+    with its reason, as a run prints them), and its flag table names every flag train.py takes."""
+    import train
+    from infra.config import preset_tables
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    assert preset_tables() in text, ("docs/training.md's preset tables differ from infra/config.py's presets: "
+                                     "paste the output of python -c 'from infra.config import preset_tables; "
+                                     "print(preset_tables())' under its Presets heading")
+    documented = set(re.findall(r"^\| (`--[^|]+)\|", text, re.M))
+    flags = {f for cell in documented for f in re.findall(r"`--([\w-]+)`", cell)}
+    missing = [f.name for f in __import__("dataclasses").fields(train.TrainArgs) if f.name.replace("_", "-") not in flags]
+    assert not missing, f"flags without a row in docs/training.md: {missing}"
