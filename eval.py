@@ -1,8 +1,9 @@
 """Evaluation: success rates on held-out games, overall and per task type.
 
 Policies: `expert` follows the env's expert (an upper bound), `random` picks uniformly among
-the admissible actions (a lower bound; a WebShop search uses three random words of the task), `model` is the LLM policy (base model, or a trained
-LoRA adapter with --checkpoint), greedy unless --temperature > 0.
+the admissible actions (a lower bound; a WebShop search uses three random words of the task),
+`model` is the LLM policy (base model, or a trained LoRA adapter with --checkpoint), greedy unless
+--temperature > 0.
 Games: --num-games chosen round-robin over task types (sorted within each type), so a small
 N still covers every type.
 
@@ -14,11 +15,12 @@ Metrics (printed as a table and written as JSON):
   mean_steps        mean episode length in env steps
   invalid_rate      invalid actions / all steps
   env_ms_per_step   engine milliseconds per (valid) step; env_ms_per_reset likewise per reset
-  games             (JSON only) each game's outcome: won, steps (for intervals paired over games); with
-                    --samples-per-game K > 1, won is the share of its K episodes won, steps their mean
+  games             (JSON only) each game's outcome: won, steps (for intervals paired over
+                    games); with --samples-per-game K > 1, won is the share of its K episodes
+                    won, steps their mean
 
-Run: python eval.py --env alfworld --policy expert            (the shipped games; --data-dir DIR --split valid_seen for real ones)
-     python eval.py --policy model --model smollm2 --init-adapter data/warmstart/smollm2-alfworld   (the CPU warm start)
+Run: python eval.py --env alfworld --policy expert   (the shipped games; real ones: --data-dir DIR)
+     python eval.py --policy model --model smollm2 --init-adapter data/warmstart/smollm2-alfworld
      python eval.py --env webshop --policy random
 """
 from __future__ import annotations
@@ -41,8 +43,8 @@ from typing import Literal
 import torch
 
 from envs import history_length, make_env, resolve_workers
-from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint, load_checkpoint_policy, read_config,
-                              run_dir_of, write_atomic)
+from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint,
+                              load_checkpoint_policy, read_config, run_dir_of, write_atomic)
 from infra.metrics import summarize  # the metrics the docstring above defines
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.models import load_policy
@@ -53,27 +55,47 @@ from rollout import ModelPolicy, play_episodes
 class EvalArgs:
     """Command-line flags of eval.py."""
 
-    env: Literal["alfworld", "webshop"] | None = None  # which environment; default: a --checkpoint's own, else alfworld
-    policy: Literal["expert", "random", "model"] = "expert"  # who plays
-    split: str | None = None  # split; default: the env's eval split (ALFWorld: valid_unseen, WebShop: test)
-    data_dir: str | None = None  # env data folder; default: a --checkpoint's own, else $ALFWORLD_DATA / $WEBSHOP_DATA, else shipped
-    num_games: int = 0  # games to play, round-robin over task types; 0 = the whole split
-    max_steps: int = 0  # steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)
-    history: str = "2"  # observation/action pairs in the prompt: an integer or "all"
-    batch_size: int = 16  # episodes played in one batch
-    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    model: str | None = None  # model for --policy model without --checkpoint; default per device
-    init_adapter: str | None = None  # with --model: a warm start merged in first (e.g. data/warmstart/smollm2-alfworld)
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # with --model: precision (train.py's --dtype); a checkpoint keeps its run's
-    checkpoint: str | None = None  # a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder
-    temperature: float = 0.0  # sampling temperature for --policy model; 0 = greedy
-    samples_per_game: int = 1  # episodes per game (with --temperature > 0): each game's success is the share won
-    max_new_tokens: int = 256  # response length limit for --policy model
-    seed: int = 0  # seed for the random policy and sampling
-    out: str | None = None  # JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder
+    env: Literal["alfworld", "webshop"] | None = None
+    """which environment; default: a --checkpoint's own, else alfworld"""
+    policy: Literal["expert", "random", "model"] = "expert"
+    """who plays"""
+    split: str | None = None
+    """the split; default: the env's eval split (ALFWorld: valid_unseen, WebShop: test)"""
+    data_dir: str | None = None
+    """env data folder; default: a --checkpoint's own, else $ALFWORLD_DATA / $WEBSHOP_DATA, else
+    the shipped data"""
+    num_games: int = 0
+    """games to play, round-robin over task types; 0 = the whole split"""
+    max_steps: int = 0
+    """steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)"""
+    history: str = "2"
+    """observation/action pairs in the prompt: an integer or "all" """
+    batch_size: int = 16
+    """episodes played in one batch"""
+    env_workers: int = 0
+    """ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in this
+    process"""
+    model: str | None = None
+    """model for --policy model without --checkpoint; default per device"""
+    init_adapter: str | None = None
+    """with --model: a warm start merged in first (e.g. data/warmstart/smollm2-alfworld)"""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """with --model: precision (train.py's --dtype); a checkpoint keeps its run's"""
+    checkpoint: str | None = None
+    """a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder"""
+    temperature: float = 0.0
+    """sampling temperature for --policy model; 0 = greedy"""
+    samples_per_game: int = 1
+    """episodes per game (with --temperature > 0): each game's success is the share won"""
+    max_new_tokens: int = 256
+    """response length limit for --policy model"""
+    seed: int = 0
+    """seed for the random policy and sampling"""
+    out: str | None = None
+    """JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder"""
 
 
-# ----------------------------------------------------------------------------- baseline policies
+# ------------------------------------------------------------------ baseline policies
 def format_answer(action: str, thought: str) -> str:
     return f"<think>{thought}</think><action>{action}</action>"
 
@@ -82,7 +104,8 @@ class ExpertPolicy:
     """Follows the env's expert; when it has no advice, looks around."""
 
     def act(self, contexts, states):
-        return [([], [], format_answer(s.expert_action or "look", "following the expert")) for s in states]
+        answers = [format_answer(s.expert_action or "look", "following the expert") for s in states]
+        return [([], [], answer) for answer in answers]
 
 
 QUERY = "<your query>"  # WebShop's free-text slot, search[<your query>]: any words make it valid
@@ -111,7 +134,7 @@ class RandomPolicy:
         return out
 
 
-# ----------------------------------------------------------------------------- games and metrics
+# ------------------------------------------------------------------ games and metrics
 def pick_games(env, split: str, num_games: int) -> list[str]:
     """num_games task ids, round-robin over task types (sorted ids within each type)."""
     by_type: dict[str, list[str]] = defaultdict(list)
@@ -129,28 +152,31 @@ def pick_games(env, split: str, num_games: int) -> list[str]:
     return picked
 
 
-def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_size: int, desc: str = "eval") -> tuple[dict, list]:
+def evaluate(env, policy, task_ids: list[str], history_len: int | None, batch_size: int,
+             desc: str = "eval") -> tuple[dict, list]:
     """Play task_ids in batches; return (metrics, trajectories)."""
     trajs = []
     for start in range(0, len(task_ids), batch_size):
         chunk = task_ids[start : start + batch_size]
-        trajs += play_episodes(env, chunk, policy, history_len, desc=f"{desc} {start + len(chunk)}/{len(task_ids)}")
+        done = f"{desc} {start + len(chunk)}/{len(task_ids)}"
+        trajs += play_episodes(env, chunk, policy, history_len, desc=done)
     metrics = summarize(trajs)
     metrics["env_ms_per_step"] = 1000 * env.seconds["step"] / max(env.counts["step"], 1)
     metrics["env_ms_per_reset"] = 1000 * env.seconds["reset"] / max(env.counts["reset"], 1)
     return metrics, trajs
 
 
-def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int, history_len: int | None,
-                      max_new_tokens: int) -> tuple[dict, dict]:
+def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int,
+                      history_len: int | None, max_new_tokens: int) -> tuple[dict, dict]:
     """train.py's periodic evaluation: greedy play of num_games games of `split` (None: the env's
     eval split), round-robin over task types; returns (the metrics keyed "eval/<name>", each
     game's outcome as eval.py's JSON has it). The caller's RNG state is left as it was."""
     games = pick_games(env, split or env.default_eval_split, num_games)
     policy = ModelPolicy(model, tokenizer, max_new_tokens, temperature=0.0)
     with torch.random.fork_rng(devices=[]):
-        metrics, trajs = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1), desc="eval")
-    return {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, game_outcomes(trajs)
+        metrics, trajs = evaluate(env, policy, games, history_len, batch_size=max(len(games), 1))
+    line = {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+    return line, game_outcomes(trajs)
 
 
 def game_outcomes(trajs) -> dict:
@@ -166,8 +192,8 @@ def game_outcomes(trajs) -> dict:
         if len(ts) == 1:
             out[game] = {"won": ts[0].won, "steps": len(ts[0].steps)}
         else:
-            out[game] = {"won": sum(t.won for t in ts) / len(ts), "steps": sum(len(t.steps) for t in ts) / len(ts),
-                         "samples": len(ts)}
+            out[game] = {"won": sum(t.won for t in ts) / len(ts),
+                         "steps": sum(len(t.steps) for t in ts) / len(ts), "samples": len(ts)}
         out[game]["actions"] = [[s.action for s in t.steps] for t in ts]
     return out
 
@@ -179,7 +205,8 @@ def print_table(metrics: dict, title: str) -> None:
     for t in types:
         print(f"  {t:34s} {metrics['episodes/' + t]:5d} {100 * metrics['success/' + t]:7.1f}%")
     print(f"  {'all':34s} {metrics['episodes']:5d} {100 * metrics['success']:7.1f}%")
-    for k in ("mean_score", "mean_reward", "mean_steps", "invalid_rate", "env_ms_per_step", "env_ms_per_reset"):
+    for k in ("mean_score", "mean_reward", "mean_steps", "invalid_rate", "env_ms_per_step",
+              "env_ms_per_reset"):
         if k in metrics:
             print(f"  {k:20s} {metrics[k]:.3f}")
 
@@ -193,14 +220,18 @@ def check_args(args: EvalArgs) -> None:
     except ValueError as err:
         problems.append(str(err))
     if args.checkpoint and args.policy != "model":
-        problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add --policy model")
+        problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add "
+                        "--policy model")
     if args.checkpoint and args.model:
-        problems.append("--model and --checkpoint: the checkpoint names its own base model; drop --model")
+        problems.append("--model and --checkpoint: the checkpoint names its own base model; drop "
+                        "--model")
     if args.init_adapter and (args.checkpoint or args.policy != "model"):
-        problems.append("--init-adapter is for --policy model without --checkpoint (a checkpoint carries its own)")
+        problems.append("--init-adapter is for --policy model without --checkpoint (a checkpoint "
+                        "carries its own)")
     if args.samples_per_game > 1 and not (args.policy == "model" and args.temperature > 0):
-        problems.append(f"--samples-per-game {args.samples_per_game} replays a game's episode; only a model sampling "
-                        "(--policy model --temperature > 0) plays it differently: add those, or drop the flag")
+        problems.append(f"--samples-per-game {args.samples_per_game} replays a game's episode; "
+                        "only a model sampling (--policy model --temperature > 0) plays it "
+                        "differently: add those, or drop the flag")
     if problems:
         raise UserError("; ".join(problems))
 
@@ -211,10 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = None
     if args.checkpoint:
         ckpt = find_checkpoint(args.checkpoint)
-        trained = read_config(ckpt)  # fails here, before any env or model loads, when config.json is missing
+        trained = read_config(ckpt)  # before any env or model loads: no config.json stops here
         if args.env is not None and args.env != trained["env"]:
-            raise UserError(f"{ckpt} was trained on {trained['env']}: drop --env (it defaults to the checkpoint's) "
-                            f"or pass --env {trained['env']}")
+            raise UserError(f"{ckpt} was trained on {trained['env']}: drop --env (it defaults to "
+                            f"the checkpoint's) or pass --env {trained['env']}")
         args.env = trained["env"]
         if args.data_dir is None and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]  # the data it trained on, held-out splits and all
@@ -224,11 +255,12 @@ def main(argv: list[str] | None = None) -> dict:
         env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,
                        workers=resolve_workers(args.env_workers, args.batch_size))
         split = args.split or env.default_eval_split
-        task_ids = [g for g in pick_games(env, split, args.num_games) for _ in range(args.samples_per_game)]
+        games = pick_games(env, split, args.num_games)
+        task_ids = [g for g in games for _ in range(args.samples_per_game)]
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
     out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
-    check_writable(out)  # before any game is played, so a path that cannot take the JSON costs nothing
+    check_writable(out)  # before any game is played: a path that cannot take the JSON costs nothing
     if args.policy == "expert":
         policy = ExpertPolicy()
     elif args.policy == "random":
@@ -241,33 +273,38 @@ def main(argv: list[str] | None = None) -> dict:
     metrics["games"] = game_outcomes(trajs)
     metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
-    print_table(metrics, f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else ""))
+    title = f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else "")
+    print_table(metrics, title)
     try:
         write_atomic(out, json.dumps(metrics, indent=1))
     except OSError as err:
-        raise UserError(f"cannot write {out} ({file_system_problem(err, out.parent) or err.strerror or err}); "
-                        "the results are the table above") from None
+        why = file_system_problem(err, out.parent) or err.strerror or err
+        raise UserError(f"cannot write {out} ({why}); the results are the table above") from None
     print(f"wrote {out}")
     return metrics
 
 
 def check_writable(out: Path) -> None:
-    """The JSON can be written at `out`: its folder made or there, no folder in the file's place, a name and path
-    the file system holds, the folder writable. One line saying what is wrong otherwise."""
+    """The JSON can be written at `out`: its folder made or there, no folder in the file's place, a
+    name and path the file system holds, the folder writable. One line saying what is wrong
+    otherwise."""
     try:
         if out.is_dir():
-            raise UserError(f"--out {out} is a folder: give the JSON file's path (e.g. {out / 'eval.json'})")
+            raise UserError(f"--out {out} is a folder: give the JSON file's path (e.g. "
+                            f"{out / 'eval.json'})")
         out.parent.mkdir(parents=True, exist_ok=True)
         check_path_lengths(out.parent, out.name)
         if not os.access(out.parent, os.W_OK):
             raise PermissionError(errno.EACCES, "permission denied")
     except OSError as err:
-        raise UserError(f"cannot write {out} ({file_system_problem(err, out.parent) or err.strerror or err}): "
-                        "pass another --out (for a checkpoint, its run folder is where the JSON goes by default)") from None
+        why = file_system_problem(err, out.parent) or err.strerror or err
+        raise UserError(f"cannot write {out} ({why}): pass another --out (for a checkpoint, its "
+                        "run folder is where the JSON goes by default)") from None
 
 
 def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
-    """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in its run folder."""
+    """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in
+    its run folder."""
     if ckpt is None:
         return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
 
@@ -282,7 +319,8 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
     if ckpt is not None:
         model, tokenizer = load_checkpoint_policy(ckpt)
     else:
-        model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter, dtype=args.dtype)
+        model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter,
+                                       dtype=args.dtype)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

@@ -30,12 +30,14 @@ from segments import Row, Rows, Step, Trajectory, generation_prompt_ids
 
 
 def autocast(model):
-    """bf16 autocast for a model whose base weights are bf16 (LoRA weights stay float32); a no-op in float32."""
+    """bf16 autocast for a model whose base weights are bf16 (LoRA weights stay float32); a no-op
+    in float32."""
     weight = model.get_input_embeddings().weight
-    return torch.autocast(weight.device.type, dtype=torch.bfloat16, enabled=weight.dtype == torch.bfloat16)
+    bf16 = weight.dtype == torch.bfloat16
+    return torch.autocast(weight.device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
-# ----------------------------------------------------------------------------- log-probs
+# ------------------------------------------------------------------ log-probs
 def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
     """log pi(a_t | c, a_<t) of one row's response tokens, (n,): the plain computation.
 
@@ -68,9 +70,11 @@ def batch_logprobs(model, rows: list[Row], temperature: float = 1.0, fast=None) 
     return torch.stack([torch.nn.functional.pad(x, (0, t - len(x))) for x in out])  # (b, t)
 
 
-def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0, only: torch.Tensor | None = None,
-                  fast=None, desc: str = "log-probs") -> torch.Tensor:
-    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T); the others stay 0."""
+def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0,
+                  only: torch.Tensor | None = None, fast=None,
+                  desc: str = "log-probs") -> torch.Tensor:
+    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T); the
+    others stay 0."""
     if fast is not None:  # [speed] micro-batched padded passes (speed.py)
         return fast.rows_logprobs(model, rows, T, temperature, only, desc)
     out = torch.zeros(len(rows), T)  # (B, T)
@@ -85,7 +89,8 @@ def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.
 def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
                              temperature: float = 1.0, fast=None, desc: str = "log-probs",
                              watch=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad log-probs of the same response tokens a_k, by the student and by its teacher: (B, T) each.
+    """No-grad log-probs of the same response tokens a_k, by the student and by its teacher:
+    (B, T) each.
 
     The student scores its own rows (`student` (B,) selects which), the teacher the rows with the
     hindsight block (`taught` (B,), within `student`). Both are kept over the response tokens only,
@@ -94,22 +99,25 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
     gets each pass's seconds. fast (speed.FastPath): the teacher continues the student's KV cache.
     """
     if bool((taught & ~student).any()):
-        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
+        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (the "
+                         "fast path continues its cache)")
     if fast is not None:  # [speed] one pass over each shared context serves both (speed.py)
         return fast.student_teacher_logprobs(model, rows, student, taught, temperature, desc, watch)
     watch = watch or (lambda name: contextlib.nullcontext())
     T = rows.response_mask.shape[1]
     with watch("student"):
-        logp_student = rows_logprobs(model, rows.rows, T, temperature, student, desc=f"{desc} student")  # (B, T)
+        logp_student = rows_logprobs(model, rows.rows, T, temperature, student,
+                                     desc=f"{desc} student")  # (B, T)
     with watch("teacher"):
         logp_teacher = rows_logprobs(model, rows.teacher_rows, T, temperature, taught,
                                      desc=f"{desc} teacher")  # (B, T)
     return logp_student, logp_teacher
 
 
-# ----------------------------------------------------------------------------- sampling
+# ------------------------------------------------------------------ sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
-    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 = greedy.
+    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 =
+    greedy.
 
     Installed as the model's own generation_config, so that no default of the model's
     (Qwen ships top_p 0.8, top_k 20, repetition penalty 1.05) can be merged back in.
@@ -119,26 +127,30 @@ def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         eos.add(im_end)
     model_eos = getattr(model.generation_config, "eos_token_id", None)
-    eos |= set(model_eos if isinstance(model_eos, list) else [model_eos] if model_eos is not None else [])
+    if model_eos is not None:  # the model's own end ids too
+        eos |= set(model_eos if isinstance(model_eos, list) else [model_eos])
     greedy = temperature == 0
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=None if greedy else temperature,
-        top_p=None if greedy else 1.0, top_k=None if greedy else 0, min_p=None, typical_p=None,
-        repetition_penalty=1.0, eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id, use_cache=True,
+        max_new_tokens=max_new_tokens, do_sample=not greedy,
+        temperature=None if greedy else temperature, top_p=None if greedy else 1.0,
+        top_k=None if greedy else 0, min_p=None, typical_p=None, repetition_penalty=1.0,
+        eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id, use_cache=True,
     )
 
 
 def until_end_of_turn(ids: list[int], eos) -> list[int]:
-    """The sampled ids up to and including the first end-of-turn id (all of them when none came)."""
+    """The sampled ids up to and including the first end-of-turn id (all of them if none came)."""
     end = next((j + 1 for j, tok in enumerate(ids) if tok in eos), len(ids))
     return ids[:end]
 
 
 class ModelPolicy:
-    """The LLM policy as an actor: one batched generate over all live episodes per turn (batch > 0: over at
-    most `batch` of them at a time, which bounds the memory of generate's prefill and KV cache)."""
+    """The LLM policy as an actor: one batched generate over all live episodes per turn (batch > 0:
+    over at most `batch` of them at a time, which bounds the memory of generate's prefill and KV
+    cache)."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0, batch: int = 0):
+    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0,
+                 batch: int = 0):
         self.model, self.tokenizer, self.batch = model, tokenizer, batch
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
         model.generation_config = self.config
@@ -147,9 +159,9 @@ class ModelPolicy:
 
     @contextlib.contextmanager
     def serving(self, model, iteration: int):
-        """One rollout of train.py: the model decodes with this policy's sampling rule (an evaluation may
-        have installed another), and tokens_generated counts this rollout's tokens. (vllm_rollout's
-        policy hands the adapter of this moment to its engine here.)"""
+        """One rollout of train.py: the model decodes with this policy's sampling rule (an
+        evaluation may have installed another), and tokens_generated counts this rollout's tokens.
+        (vllm_rollout's policy hands the adapter of this moment to its engine here.)"""
         self.model.generation_config, self.tokens_generated = self.config, 0
         yield self
 
@@ -158,35 +170,36 @@ class ModelPolicy:
         """(prompt ids, sampled response ids, response text) for each context."""
         prompts = [generation_prompt_ids(self.tokenizer, m) for m in contexts]
         size = self.batch or len(prompts)
-        return [r for s in range(0, len(prompts), size) for r in self._generate(prompts[s : s + size])]
+        chunks = [prompts[s : s + size] for s in range(0, len(prompts), size)]
+        return [out for chunk in chunks for out in self._generate(chunk)]
 
     def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[int], str]]:
         B, L = len(prompts), max(len(p) for p in prompts)
         device = self.model.get_input_embeddings().weight.device
-        input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L) left-padded
+        input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
         attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L)
-        for b, p in enumerate(prompts):
+        for b, p in enumerate(prompts):  # left padding: every prompt ends at column L
             input_ids[b, L - len(p) :] = torch.tensor(p)
             attention_mask[b, L - len(p) :] = 1
         was_training = self.model.training
         self.model.eval()
         with autocast(self.model):  # bf16 weights: LoRA too in bf16 while sampling
-            out = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=self.config
-            )  # (B, L + new)
+            out = self.model.generate(input_ids=input_ids.to(device),
+                                      attention_mask=attention_mask.to(device),
+                                      generation_config=self.config)  # (B, L + new)
         self.model.train(was_training)
         results = []
         for b in range(B):
             response = until_end_of_turn(out[b, L:].tolist(), self.eos)
             self.tokens_generated += len(response)
-            results.append((prompts[b], response, self.tokenizer.decode(response, skip_special_tokens=True)))
+            text = self.tokenizer.decode(response, skip_special_tokens=True)
+            results.append((prompts[b], response, text))
         return results
 
 
-# ----------------------------------------------------------------------------- episodes
-def play_episodes(
-    env, task_ids: list[str], policy, history_len: int | None = 2, groups: list[int] | None = None, desc: str = "rollout"
-) -> list[Trajectory]:
+# ------------------------------------------------------------------ episodes
+def play_episodes(env, task_ids: list[str], policy, history_len: int | None = 2,
+                  groups: list[int] | None = None, desc: str = "rollout") -> list[Trajectory]:
     """Play one episode per task id, all in one batch, until each is won or out of steps.
 
     policy.act(contexts, states) returns (prompt ids, response ids, text) per live episode.
@@ -197,7 +210,7 @@ def play_episodes(
     groups = list(range(len(task_ids))) if groups is None else groups
     trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, groups, states)]
     history: list[list[tuple[str, str]]] = [[] for _ in task_ids]
-    anchors = [s.observation for s in states]  # the state each episode is in; an invalid answer leaves it
+    anchors = [s.observation for s in states]  # each episode's state; an invalid answer keeps it
     bar = tqdm(total=env.max_steps, desc=desc, unit="turn", leave=False)
     while True:
         live = [i for i, s in enumerate(states) if not s.done]
@@ -211,8 +224,8 @@ def play_episodes(
         results = env.step(responses)
         for i, context, (prompt_ids, response_ids, text) in zip(live, contexts, outputs):
             res = results[i]
-            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action, res.reward, anchors[i],
-                                       states[i].expert_action))
+            trajs[i].steps.append(Step(context, prompt_ids, response_ids, text, res.action,
+                                       res.reward, anchors[i], states[i].expert_action))
             if not res.invalid:
                 anchors[i] = res.observation
             history[i].append((states[i].observation, res.action or "(invalid response)"))
@@ -224,5 +237,6 @@ def play_episodes(
         bar.set_postfix(live=sum(not s.done for s in states))
     bar.close()
     if trajs and not any(t.steps for t in trajs):
-        raise UserError("no episode played a step: every one ended in an env crash (the warnings above name the games)")
+        raise UserError("no episode played a step: every one ended in an env crash (the warnings "
+                        "above name the games)")
     return trajs

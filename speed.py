@@ -25,7 +25,7 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 
 from rollout import autocast
-from segments import Row, Rows, collate_rows, length_batches, shared_prefix_len
+from segments import Row, Rows, length_batches, shared_prefix_len
 
 
 @dataclass
@@ -123,6 +123,29 @@ def response_states(hidden: torch.Tensor, input_ids: torch.Tensor, start: torch.
 
 
 # ----------------------------------------------------------------------------- batched rows
+def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows into tensors for one forward pass.
+
+    Returns input_ids and attention_mask (B, L) over the whole row, and the response
+    layout: response_start (B,) and response_len (B,), from which model log-probs are
+    gathered into response-aligned (B, T) tensors (T = longest response).
+    """
+    B, L = len(rows), max(len(r.input_ids) for r in rows)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L), 1 = real token
+    for b, r in enumerate(rows):
+        input_ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids)
+        attention_mask[b, : len(r.input_ids)] = 1
+    response_start = torch.tensor([r.num_prompt for r in rows])  # (B,)
+    response_len = torch.tensor([len(r.input_ids) - r.num_prompt for r in rows])  # (B,)
+    return dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_start=response_start,
+        response_len=response_len,
+    )
+
+
 def response_logprobs(
     model, batch: dict[str, torch.Tensor], temperature: float = 1.0, max_logit_elems: int = 2**26
 ) -> torch.Tensor:

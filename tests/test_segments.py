@@ -9,7 +9,6 @@ from segments import (  # noqa: I001
     add_hindsight,
     build_row,
     build_teacher_row,
-    collate_rows,
     generation_prompt_ids,
     length_batches,
     action_masks,
@@ -17,6 +16,7 @@ from segments import (  # noqa: I001
     response_masks,
     shared_prefix_len,
 )
+from speed import collate_rows
 
 MESSAGES = [
     {"role": "system", "content": "You play a text game."},

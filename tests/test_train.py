@@ -13,7 +13,8 @@ from infra.cli import UserError
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from speed import response_logprobs
-from segments import build_row, collate_rows
+from segments import build_row
+from speed import collate_rows
 from stub_env import StubEnv
 from tiny_runs import flags
 

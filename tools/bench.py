@@ -59,8 +59,8 @@ from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
-from speed import response_logprobs, rows_logprobs
-from segments import LogProbs, collate_rows, length_batches
+from speed import collate_rows, response_logprobs, rows_logprobs
+from segments import LogProbs, length_batches
 
 
 @dataclass

@@ -46,8 +46,8 @@ from infra.cli import UserError, parse_dataclass, run
 from infra.metrics import peak_memory_gb, reset_peak_memory
 from infra.models import TINY_SHAPE, qwen7b_shape_model
 from rollout import ModelPolicy, autocast, sampling_config
-from speed import response_logprobs
-from segments import Row, collate_rows
+from speed import collate_rows, response_logprobs
+from segments import Row
 
 CARRY_LIMIT_MIB = 64  # what one device call may carry: the working tree and the carried paths together
 

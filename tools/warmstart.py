@@ -58,9 +58,8 @@ from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.config import CPU_DEMO_PER_ENV
 from infra.models import load_policy, resolve_dtype, save_adapter
 from rollout import ModelPolicy
-from speed import response_logprobs
-from segments import (EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, collate_rows, format_plan,
-                      length_batches)
+from speed import collate_rows, response_logprobs
+from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, build_row, format_plan, length_batches
 
 
 @dataclass
