@@ -1,6 +1,6 @@
 """The reading guide (docs/reading-guide.md) and the exercises' README name only what exists:
-every file, every function or class (`file.py:name`, `module.name`), every notebook cell
-(`NN § heading`) and every METHOD.md section."""
+every file, every function or class at its line (`file.py:LINE name`; a drifted line fails),
+`module.name`, every notebook cell (`NN § heading`) and every METHOD.md section."""
 import ast
 import json
 import re
@@ -10,17 +10,22 @@ ROOT = Path(__file__).resolve().parent.parent
 GUIDES = [ROOT / "docs" / "reading-guide.md", ROOT / "exercises" / "README.md"]
 
 
-def defined(path: Path, dotted: str) -> bool:
-    """Whether `dotted` (a top-level name, or Class.method) is defined in the Python file."""
-    tree = ast.parse(path.read_text())
-    scope = tree.body
+def definition_line(path: Path, dotted: str) -> int | None:
+    """The line where `dotted` (a top-level name, or Class.method) is defined in the Python file;
+    None when it is not."""
+    scope, line = ast.parse(path.read_text()).body, None
     for part in dotted.split("."):
         found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part] + \
             [n for n in scope if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == part for t in n.targets)]
         if not found:
-            return False
-        scope = getattr(found[0], "body", [])
-    return True
+            return None
+        scope, line = getattr(found[0], "body", []), found[0].lineno
+    return line
+
+
+def defined(path: Path, dotted: str) -> bool:
+    """Whether `dotted` (a top-level name, or Class.method) is defined in the Python file."""
+    return definition_line(path, dotted) is not None
 
 
 def test_every_reference_in_the_reading_guides_exists():
@@ -33,9 +38,12 @@ def test_every_reference_in_the_reading_guides_exists():
     checked = 0
     for guide in GUIDES:
         text = guide.read_text()
-        for file, name in re.findall(r"`([\w/]+\.py):([\w.]+)`", text):
+        for file, line, name in re.findall(r"`([\w/]+\.py):(\d+) ([\w.]+)`", text):
             assert (ROOT / file).is_file() and defined(ROOT / file, name), f"{guide.name}: {file}:{name}"
+            now = definition_line(ROOT / file, name)
+            assert int(line) == now, f"{guide.name}: `{file}:{line} {name}` has drifted: write `{file}:{now} {name}`"
             checked += 1
+        assert not re.findall(r"`[\w/]+\.py:[a-z_]", text), f"{guide.name}: code named without its line"
         for module, name in re.findall(r"`((?:advantage|segments|rollout|train|eval))\.(\w+)`", text):
             if name == "py":
                 continue  # a file name, checked below
