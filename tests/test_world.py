@@ -57,3 +57,17 @@ def test_the_log_m_split_adds_up_by_hand():
 def test_power_analysis_by_hand():
     """((1.96 + 0.8416) * 1 / 0.1)^2 = 784.9 pairs for a difference of 0.1 with std 1."""
     assert world.power_pairs(0.1, 1.0) == pytest.approx(784.9, rel=1e-3)
+
+
+def test_the_optimizer_study_runs_both_optimizers_on_the_same_seeds():
+    """--optimizers: SHARPO/GRPO at AUC 1 under Adam and under plain SGD (notebook 05's last section); the
+    optimizer is really switched (SGD's curve differs from Adam's on the same seed)."""
+    from tools import world
+
+    args = world.WorldArgs(seeds=2, iterations=30, tasks=4, groups=2, threshold=0.1, bounds="0.2:0.5")
+    adam = world.run_world("grpo", 0.5, 0.2, 0.5, 0, args)
+    sgd = world.run_world("grpo", 0.5, 0.2, 0.5, 0, world.WorldArgs(**{**world.asdict(args), "optimizer": "sgd"}))
+    assert adam[0] == sgd[0] and adam[-1] != sgd[-1]  # the same start, other steps
+    out = world.optimizer_study(args)["by_optimizer"]
+    assert set(out) == {"adam", "sgd"} and out["sgd"]["lr"] == args.sgd_lr
+    assert all(len(r["ratio"]["eps_m 0.2, lam 0.5"]) == 3 for r in out.values())

@@ -43,6 +43,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -67,6 +68,8 @@ class WorldArgs:
     iterations: int = 150  # iterations per run
     start: float = 0.016  # the start policy's success (a warm start): p(plan action) = start^(1/critical), at least 1/A
     lr: float = 0.05  # Adam learning rate on the logits
+    optimizer: Literal["adam", "sgd"] = "adam"  # the optimizer on the logits: Adam (--lr) or plain SGD (--sgd-lr)
+    sgd_lr: float = 20.0  # plain SGD's learning rate (GRPO reaches the threshold in about as many iterations)
     minibatches: int = 2  # optimizer steps per iteration (PPO's ratio leaves 1 after the first)
     gap: float = 0.3  # the teacher's mean |gap| on a decision, nats
     threshold: float = 0.5  # the success whose reaching is timed
@@ -79,6 +82,7 @@ class WorldArgs:
     pair_sd: float = 0.52  # std of a (seed, game) paired SHARPO - GRPO held-out difference (results/learning-cpu)
     regimes: bool = True  # also sweep episode length, critical decisions and group size
     decompose: str = ""  # samples.jsonl files (comma-separated): print what log m follows in them, and stop
+    optimizers: bool = False  # instead of the study: SHARPO/GRPO at AUC 1 under Adam and plain SGD; optimizers.json
     out: str | None = None  # write summary.json and world.png here
 
 
@@ -102,7 +106,7 @@ def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: 
     logits = torch.zeros(K, L, A)  # (K, L, A) the policy: p(plan action) = p0, the rest uniform
     logits.scatter_(2, plan[..., None], math.log(p0 * (A - 1) / (1 - p0)))
     logits.requires_grad_(True)
-    opt = torch.optim.Adam([logits], lr=args.lr)
+    opt = torch.optim.Adam([logits], lr=args.lr) if args.optimizer == "adam" else torch.optim.SGD([logits], lr=args.sgd_lr)
     curve = [success(logits, plan, critical)]
     for _ in range(args.iterations):
         tasks = torch.randperm(K, generator=gen)[: args.groups].repeat_interleave(G)  # (N,) G episodes per task
@@ -290,6 +294,26 @@ def study(args: WorldArgs) -> dict:
     return out
 
 
+def optimizer_study(args: WorldArgs) -> dict:
+    """SHARPO's iterations over GRPO's with a perfect teacher (AUC 1), at each --bounds, under Adam and under
+    plain SGD. Adam divides each parameter's step by its own running gradient scale, so it absorbs much of a
+    rescaling that SHARPO applies to whole segments; SGD takes the gradient as it comes."""
+    bounds = [tuple(float(x) for x in b.split(":")) for b in args.bounds.split(",") if b]
+    out = {}
+    for optimizer in ("adam", "sgd"):
+        a = WorldArgs(**{**asdict(args), "optimizer": optimizer})
+        curves = [run_world("grpo", 0.5, *bounds[0], s, a) for s in range(a.seeds)]
+        grpo = {"iterations": [iterations_to(c, a.threshold) for c in curves]}
+        out[optimizer] = {"lr": a.lr if optimizer == "adam" else a.sgd_lr,
+                          "grpo_iterations": statistics.mean(grpo["iterations"]), "ratio": {}}
+        for eps, lam in bounds:
+            r = speed_ratio("sharpo", 1.0, eps, lam, a, grpo)["ratio"]
+            out[optimizer]["ratio"][f"eps_m {eps}, lam {lam}"] = r
+            print(f"  {optimizer}: SHARPO/GRPO at AUC 1, eps_m {eps}, lam {lam}: {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}] "
+                  f"(GRPO: {out[optimizer]['grpo_iterations']:.0f} iterations to {a.threshold})", flush=True)
+    return {"args": asdict(args), "by_optimizer": out}
+
+
 def regimes(args: WorldArgs, bound: tuple) -> dict:
     """SHARPO/GRPO at AUC 0.92 as one thing changes at a time: episode length, critical decisions, group size."""
     changes = {"decisions": [3, 6, 12], "critical": [1, 3, 6], "group_size": [4, 8, 16]}
@@ -345,7 +369,7 @@ def picture(result: dict, path: Path) -> None:
 
 
 def check(args: WorldArgs) -> None:
-    problems = check_domains(args, positive=("tasks", "decisions", "actions", "groups", "group_size", "iterations", "lr",
+    problems = check_domains(args, positive=("tasks", "decisions", "actions", "groups", "group_size", "iterations", "lr", "sgd_lr",
                                              "minibatches", "gap", "threshold", "seeds", "budget", "pair_sd", "start"),
                              non_negative=("critical", "slope"))
     try:
@@ -376,6 +400,13 @@ def main(argv: list[str] | None = None) -> dict:
               f"({out['within_share']:.0%} within)")
         return out
     check(args)
+    if args.optimizers:
+        result = optimizer_study(args)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "optimizers.json").write_text(json.dumps(result, indent=1))
+            print(f"wrote {Path(args.out) / 'optimizers.json'}")
+        return result
     print(f"world: {args.tasks} tasks, {args.decisions} decisions ({args.critical or args.decisions} critical), "
           f"{args.actions} actions, {args.groups} x {args.group_size} episodes an iteration, {args.seeds} seeds", flush=True)
     result = study(args)
