@@ -25,7 +25,8 @@ from advantage import check_mixing
 from infra import dashboard
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags, with_current_names
-from infra.models import check_available, default_model_name, resolve_dtype
+from infra.models import check_available, default_model_name
+from infra.precision import auto_choice_line, resolve_dtype
 from vllm_rollout import missing as vllm_missing
 
 
@@ -37,7 +38,7 @@ class RunArgs:
     preset: Literal["auto", "gpu", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; cpu-learn: a CPU run that learns
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU or a CPU with AMX, else fp32
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
     lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the backward pass stops at the first
@@ -226,7 +227,7 @@ def resolve_defaults(args) -> None:
         args.load_in_4bit = cuda and args.model not in ("tiny", "smollm2") and args.init_adapter is None
     if args.gradient_checkpointing is None:
         args.gradient_checkpointing = cuda
-    args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu")  # config.json says which ran
+    args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu", args.model)  # config.json says which ran
     if args.output_dir is None:
         args.output_dir = f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
     if args.data_dir is None and os.environ.get(DATA_VARIABLE[args.env]):  # config.json says which data it played
@@ -275,7 +276,8 @@ def resume_args(cls, given: dict):
         print(f"note: {(ckpt or run_dir) / 'config.json'} has no {k!r} (a run from before that flag): taking "
               f"{getattr(cls, k)!r}", file=sys.stderr)
     if "dtype" in given and given["dtype"] == "auto":  # auto is what it resolves to here
-        given = {**given, "dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")}
+        given = {**given, "dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu",
+                                                 saved.get("model"))}
     changed = [k for k, v in given.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)
@@ -407,6 +409,8 @@ def describe(args) -> str:
                      "pass --preset gpu on a GPU machine for the full setting")
     if not args.resume:  # what the preset changed from the GPU setting, and why
         lines += preset_lines(args)
+    if not args.resume and (line := auto_choice_line(args.model)):
+        lines.append(line)
     lines.append(f"training {args.algo} on {args.env} with {args.model} ({precision(args.dtype)}): {args.iterations} "
                  f"iterations x {args.groups} tasks x {args.group_size} rollouts -> {args.output_dir}")
     return "\n".join(lines)

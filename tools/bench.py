@@ -17,8 +17,8 @@ also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
                cache, the rows whose Ahat is 0 skipped;
   old          before --dtype and the shared context: float32, each teacher row computed whole;
   no-skipping  new, with every row scored and in the update (the same result);
-  bf16, fp32   new, in that precision whatever --dtype auto picks on this machine (auto takes bf16
-               on a CPU only where it has AMX: `--ways bf16,fp32` shows why on the machine at hand).
+  bf16, fp32   new, in that precision whatever --dtype auto picks on this machine (auto times the
+               model's MLP block in both, infra/precision.py: `--ways bf16,fp32` checks it stage by stage).
 The default --kl-coef 0 is the CPU demo's: with a KL term every row stays in the update and
 only the teacher pass skips rows.
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
             dtype = "bf16"
             models[dtype] = models.get(dtype) or qwen7b_shape_model()
         else:
-            dtype = resolve_dtype(setting["dtype"], "cuda" if torch.cuda.is_available() else "cpu")
+            dtype = resolve_dtype(setting["dtype"], "cuda" if torch.cuda.is_available() else "cpu", args.model)
             models[dtype] = models.get(dtype) or load_policy(args.model, lora_r=8, lora_alpha=16, dtype=dtype)
         model, tokenizer = models[dtype]
         for algo in algos:

@@ -522,7 +522,7 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
-    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # credit.json says which ran
+    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model or "smollm2")  # credit.json says which ran
     problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "eps_m", "micro_batch_rows",
                                              "temperature"),
                              non_negative=("games", "max_steps"))

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     if problems := check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
                                           if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else []):
         raise UserError("; ".join(problems))
-    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")  # saved as it ran
+    args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model)  # saved as it ran
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     if not args.check and args.split != "train":
