@@ -165,10 +165,13 @@ class ModelPolicy:
         self.model.generation_config, self.tokens_generated = self.config, 0
         yield self
 
-    @torch.no_grad()
     def act(self, contexts: list[list[dict]], states) -> list[tuple[list[int], list[int], str]]:
         """(prompt ids, sampled response ids, response text) for each context."""
-        prompts = [generation_prompt_ids(self.tokenizer, m) for m in contexts]
+        return self.generate([generation_prompt_ids(self.tokenizer, m) for m in contexts])
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[int], str]]:
+        """The same for prompts given as ids, at most `batch` of them in one generate call."""
         size = self.batch or len(prompts)
         chunks = [prompts[s : s + size] for s in range(0, len(prompts), size)]
         return [out for chunk in chunks for out in self._generate(chunk)]

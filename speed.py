@@ -56,22 +56,33 @@ class FastPath:
 
 
 # ----------------------------------------------------------------------------- the output head, in chunks
+def head_chunks(B: int, T: int, V: int, H: int, max_logit_elems: int = 2**26,
+                max_head_elems: int = 2**26) -> tuple[int, int]:
+    """(response positions a chunk, vocabulary rows a chunk) for a head of V x H over (B, T) states:
+    at most max_logit_elems float32 logits and max_head_elems float32 head weights (2^26: 256 MiB
+    each) exist at a time. Qwen2.5-7B's head (152,064 x 3,584) is 2 GiB in float32: 9 slices."""
+    positions = max(1, max_logit_elems // (B * V))
+    rows = max(1, min(max_logit_elems // max(B * min(positions, T), 1), max_head_elems // H))
+    return positions, rows
+
+
 def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: torch.Tensor,
-                  temperature: float = 1.0, max_logit_elems: int = 2**26) -> torch.Tensor:
+                  temperature: float = 1.0, max_logit_elems: int = 2**26,
+                  max_head_elems: int = 2**26) -> torch.Tensor:
     """log softmax(lm_head(h) / temperature)[target] in float32, T-chunk by T-chunk: (B, T), 0 past `length`.
 
     hidden (B, T, H): the hidden state before each response token; targets (B, T): the tokens;
     length (B,): response tokens per row. At most `max_logit_elems` float32 logits exist at a time.
     A head whose weights are not float32 (bf16 or a 4-bit model's bf16 head: 152064 x 3584 is 2 GiB
     in float32) is never copied whole: the log-softmax's normaliser is summed over vocabulary
-    chunks, each made float32 in turn and, under autograd, recomputed in the backward pass
-    instead of kept (_head_logsumexp).
+    chunks of at most `max_head_elems` weights (head_chunks), each made float32 in turn and, under
+    autograd, recomputed in the backward pass instead of kept (_head_logsumexp).
     """
     B, T = targets.shape
     head = model.get_output_embeddings()
     weight, bias = head.weight, head.bias  # (V, H), (V,) or None
-    V = weight.shape[0]
-    chunk = max(1, max_logit_elems // (B * V))
+    V, H = weight.shape
+    chunk, rows = head_chunks(B, T, V, H, max_logit_elems, max_head_elems)
     pieces = []
     with torch.autocast(hidden.device.type, enabled=False):  # float32 from here on
         for s in range(0, T, chunk):
@@ -82,7 +93,7 @@ def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: to
                 continue
             bias_y = 0.0 if bias is None else bias[y].float()  # (B, c)
             target = (h * weight[y].float()).sum(-1) + bias_y  # (B, c) the target's logit
-            norm = _head_logsumexp(h, weight, bias, temperature, max_logit_elems)  # (B, c)
+            norm = _head_logsumexp(h, weight, bias, temperature, rows)  # (B, c)
             pieces.append(target / temperature - norm)
     logp = torch.cat(pieces, dim=1)  # (B, T)
     valid = torch.arange(T, device=targets.device)[None, :] < length[:, None]  # (B, T) a response token
@@ -90,12 +101,10 @@ def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, length: to
 
 
 def _head_logsumexp(h: torch.Tensor, weight: torch.Tensor, bias, temperature: float,
-                    max_logit_elems: int) -> torch.Tensor:
+                    rows: int) -> torch.Tensor:
     """logsumexp over the vocabulary of linear(h, weight, bias) / temperature, (B, c), in float32,
-    the vocabulary in chunks of at most max_logit_elems logits; under autograd each chunk is
-    recomputed in backward (checkpoint), so no float32 copy of the head and no (B, c, V) logits are
-    kept for it."""
-    rows = max(1, max_logit_elems // max(h.shape[0] * h.shape[1], 1))
+    the vocabulary `rows` at a time (head_chunks); under autograd each chunk is recomputed in
+    backward (checkpoint), so no float32 copy of the head and no (B, c, V) logits are kept for it."""
 
     def part(h, w, b):
         return (torch.nn.functional.linear(h, w.float(), None if b is None else b.float()) / temperature).logsumexp(-1)

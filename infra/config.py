@@ -22,7 +22,7 @@ import torch
 
 from envs import SPLITS, history_length
 from advantage import check_mixing
-from infra import dashboard
+from infra import dashboard, memory
 from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags, with_current_names
 from infra.models import check_available, default_model_name
@@ -35,7 +35,7 @@ class RunArgs:
     """How a run of train.py is executed: model and precision, data, run folder, logs, evaluation.
     They change where and how fast the method runs, not what it computes (train.py's TrainArgs)."""
 
-    preset: Literal["auto", "gpu", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; cpu-learn: a CPU run that learns
+    preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
@@ -75,6 +75,20 @@ LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on dat
 # tables are made from them (preset_tables, checked by tests/test_docs.py).
 PRESET_CHANGES = {
     "gpu": {},
+    "course": {  # a 24 GB GPU (L4, A10, RTX 4090) at a pace a lab session can watch (docs/scaling.md)
+        "model": ("Qwen/Qwen2.5-1.5B-Instruct", "a 1.5B model: 2.9 GiB of bf16 weights, room on a 24 GB card for "
+                                                "every episode's rollout at once (infra/memory.py)"),
+        "load_in_4bit": (False, "bf16 weights: a 1.5B model fits without nf4, and no pass dequantizes"),
+        "lora_r": (32, "a smaller adapter for a smaller model"),
+        "lora_alpha": (32, "a smaller adapter for a smaller model"),
+        "groups": (4, "4 tasks x 4 rollouts: 16 episodes, ~4 minutes an iteration on an L4 (estimated)"),
+        "group_size": (4, "4 tasks x 4 rollouts: 16 episodes, ~4 minutes an iteration on an L4 (estimated)"),
+        "max_steps": (20, "20 steps, not 50: failed episodes end sooner; the longest tasks are cut"),
+        "max_new_tokens": (192, "a think and an action fit in 192 tokens"),
+        "iterations": (30, "two hours of a lab, not days"),
+        "eval_every": (5, "a held-out point every ~20 minutes"),
+        "eval_games": (16, "16 held-out games: a coarse curve, quickly played"),
+    },
     "cpu-demo": {  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
         "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
         "iterations": (2, "a demo of minutes: two iterations show the loop, not learning"),
@@ -133,6 +147,7 @@ CPU_DEMO_ENV_CHANGES = {  # each env's shipped warm start, for SmolLM2
 }
 PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
 CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
+GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to start without it
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
@@ -371,15 +386,43 @@ def check_args(args) -> None:
                         "tools/warmstart.py output folder, or none)")
     if args.load_in_4bit and args.model == "tiny":
         problems.append("--load-in-4bit: the tiny test model is built from its config and loads in float32 or bf16 only")
-    if args.preset == "gpu" and not args.demo_data and not args.data_dir and not os.environ.get(DATA_VARIABLE[args.env]):
-        problems.append(f"--preset gpu trains on {args.env}'s real data, and none is given: {REAL_DATA[args.env]}; "
+    if args.preset in GPU_PRESETS and not args.demo_data and not args.data_dir and \
+            not os.environ.get(DATA_VARIABLE[args.env]):
+        problems.append(f"--preset {args.preset} trains on {args.env}'s real data, and none is given: {REAL_DATA[args.env]}; "
                         f"or pass --demo-data to train on the shipped demo games on purpose")
     if problems:
         raise UserError("; ".join(problems))
+    check_gpu(args)  # a GPU without bf16, or a setting it cannot hold: one line, before a model loads
     check_available(args.model)  # a model that cannot be had is one line, in seconds, before anything is made
     if args.group_size == 1:
         print("warning: --group-size 1 gives every trajectory advantage 0 (no group to compare with): "
               "nothing will be learned", file=sys.stderr)
+
+
+def check_gpu(args, card_gib: float | None = None, capability: tuple | None = None) -> None:
+    """On a GPU (or given its memory and compute capability, as tests do): refuse bf16 and 4-bit on a
+    card without bf16 (compute capability below 8, e.g. a T4), and a setting whose plan does not fit
+    the card (infra/memory.py), each in one line naming the flag to change."""
+    if card_gib is None:
+        if not torch.cuda.is_available():
+            return
+        card_gib, capability = torch.cuda.mem_get_info()[1] / memory.GIB, torch.cuda.get_device_capability()
+    if capability is not None and capability[0] < 8 and (args.dtype == "bf16" or args.load_in_4bit):
+        raise UserError(f"this GPU (compute capability {capability[0]}.{capability[1]}, e.g. a T4) has no bf16, "
+                        "which --dtype bf16 and the 4-bit layers' compute need: pass --dtype fp32 --no-load-in-4bit "
+                        "with a model whose float32 weights fit (--model Qwen/Qwen2.5-1.5B-Instruct: 5.8 GiB), or "
+                        "use a GPU of compute capability 8 or more (L4, A10, A100, H100)")
+    shape = memory.shape_of(args.model)
+    if shape is None:
+        return
+    setting = memory.Setting(
+        load_in_4bit=bool(args.load_in_4bit), fp32=args.dtype == "fp32", lora_r=args.lora_r,
+        micro_batch_rows=args.micro_batch_rows, episodes=args.groups * args.group_size,
+        rollout_batch=args.rollout_batch, prompt_tokens=memory.prompt_tokens(args.env, args.history, args.max_steps),
+        max_new_tokens=args.max_new_tokens, kl=args.kl_coef > 0, rollout=args.rollout,
+        vllm_gpu_memory=args.vllm_gpu_memory, gradient_checkpointing=bool(args.gradient_checkpointing))
+    if problem := memory.fit_problem(shape, setting, card_gib, args.model):
+        raise UserError(problem)
 
 
 def check_tasks(args, env) -> None:
@@ -391,7 +434,7 @@ def check_tasks(args, env) -> None:
     have = len(env.tasks(split))
     if have < args.eval_games:
         short = f"the {split} split of {args.env}'s data holds {have} games, fewer than --eval-games {args.eval_games}"
-        if args.preset == "gpu" and not args.demo_data:
+        if args.preset in GPU_PRESETS and not args.demo_data:
             raise UserError(f"{short}: {REAL_DATA[args.env]}; or lower --eval-games")
         print(f"warning: {short}: each evaluation plays those {have}", file=sys.stderr)
 

@@ -34,7 +34,6 @@ warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprec
 # isort: split
 import psutil
 import torch
-from accelerate import init_empty_weights
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -49,6 +48,7 @@ from transformers import (
 )
 
 from errors import UserError
+from infra import memory
 from infra.precision import resolve_dtype  # noqa: F401  (re-exported: callers resolve --dtype here too)
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
@@ -213,8 +213,8 @@ def check_available(name: str, timeout: float = 5.0) -> None:
 
     if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
         return  # in the local cache: from_pretrained reads it from there
-    how = (f"on a connected machine run `huggingface-cli download {name}` and copy its cache here (or point HF_HOME "
-           "at it), or pass --model PATH, a model folder")
+    how = (f"on a connected machine run `hf download {name}` (huggingface_hub's command line) and copy its "
+           "cache here (or point HF_HOME at it), or pass --model PATH, a model folder")
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise UserError(f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {how}")
     try:
@@ -249,20 +249,11 @@ def load_tokenizer(name: str, announce=print):
 
 
 def estimate_weight_bytes(name: str, load_in_4bit: bool) -> int:
-    """Bytes the weights will take, from the config alone (a meta-device model, nothing loaded).
-
-    nf4 stores linear layers at ~0.5 byte a parameter (plus ~4% quantization constants);
-    embeddings and the output head stay bf16 (2 bytes); without 4-bit everything is bf16.
-    """
+    """Bytes the weights will take, from the config alone (infra/memory.py's formula: nf4 projections at
+    ~0.52 byte a parameter, embeddings and head bf16; without 4-bit everything bf16)."""
     check_model_source(name)
     config = AutoConfig.from_pretrained(name, trust_remote_code=False)
-    with init_empty_weights():
-        meta = AutoModelForCausalLM.from_config(config)
-    total = sum(p.numel() for p in meta.parameters())
-    if not load_in_4bit:
-        return 2 * total
-    linear = sum(m.weight.numel() for n, m in meta.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-    return int(0.52 * linear + 2 * (total - linear))
+    return int(memory.weight_bytes(memory.Shape.of(config), load_in_4bit))
 
 
 def check_fits(name: str, device: str, load_in_4bit: bool) -> None:

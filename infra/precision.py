@@ -135,14 +135,14 @@ def measured_cpu_dtype(model: str, measure=None) -> dict:
 
 
 def resolve_dtype(dtype: str, device: str, model: str | None = None) -> str:
-    """--dtype auto: bf16 on a GPU; on a CPU, the faster of the two as measured for `model` (float32
+    """--dtype auto: bf16 on a GPU that has it; on a CPU, the faster of the two as measured for `model` (float32
     for the tiny test model, or when no model is named); other values as given."""
     if dtype not in ("auto", "bf16", "fp32"):
         raise UserError(f"--dtype {dtype!r}: use auto, bf16 or fp32")
     if dtype != "auto":
         return dtype
-    if device.startswith("cuda"):
-        return "bf16"
+    if device.startswith("cuda"):  # a GPU without bf16 (compute capability below 8: a T4) computes float32
+        return "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp32"
     if model in (None, "tiny"):
         return "fp32"
     AUTO_CHOSEN[model] = measured_cpu_dtype(model)

@@ -12,6 +12,8 @@ def test_dry_run_measures_every_part(tmp_path):
     assert out["no_grad_tok_s"] > out["update_tok_s"] > 0  # a backward costs more than the forward alone
     peaks = [k for k in out if k.startswith("prefill_peak_gb_")]
     assert peaks and all(out[k] >= 0 for k in peaks)
+    assert len(peaks) == 4  # batch 8 and 32, each at once and in chunks: one key a case, even where the
+    # chunk equals the batch (batch 8 in chunks of 8), which used to share a key with "at once"
     stages = out["iteration"]
     for stage in ("rollout", "student", "teacher", "update", "iteration"):
         assert stages[f"seconds/{stage}"] >= 0

