@@ -150,8 +150,8 @@ class ModelPolicy:
     cache)."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0,
-                 batch: int = 0):
-        self.model, self.tokenizer, self.batch = model, tokenizer, batch
+                 batch: int = 0, fast=None):
+        self.model, self.tokenizer, self.batch, self.fast = model, tokenizer, batch, fast
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
         model.generation_config = self.config
         self.eos = set(self.config.eos_token_id)
@@ -177,6 +177,24 @@ class ModelPolicy:
         return [out for chunk in chunks for out in self._generate(chunk)]
 
     def _generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[int], str]]:
+        was_training = self.model.training
+        self.model.eval()
+        with autocast(self.model):  # bf16 weights: LoRA too in bf16 while sampling
+            if self.fast is not None:  # [speed] each prompt prefix shared by rows prefilled once
+                sampled = self.fast.generate(self.model, prompts, self.config)
+            else:
+                sampled = self._plain_generate(prompts)
+        self.model.train(was_training)
+        results = []
+        for b, ids in enumerate(sampled):
+            response = until_end_of_turn(ids, self.eos)
+            self.tokens_generated += len(response)
+            text = self.tokenizer.decode(response, skip_special_tokens=True)
+            results.append((prompts[b], response, text))
+        return results
+
+    def _plain_generate(self, prompts: list[list[int]]) -> list[list[int]]:
+        """One generate call over the prompts, left-padded: the ids each row sampled."""
         B, L = len(prompts), max(len(p) for p in prompts)
         device = self.model.get_input_embeddings().weight.device
         input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
@@ -184,20 +202,10 @@ class ModelPolicy:
         for b, p in enumerate(prompts):  # left padding: every prompt ends at column L
             input_ids[b, L - len(p) :] = torch.tensor(p)
             attention_mask[b, L - len(p) :] = 1
-        was_training = self.model.training
-        self.model.eval()
-        with autocast(self.model):  # bf16 weights: LoRA too in bf16 while sampling
-            out = self.model.generate(input_ids=input_ids.to(device),
-                                      attention_mask=attention_mask.to(device),
-                                      generation_config=self.config)  # (B, L + new)
-        self.model.train(was_training)
-        results = []
-        for b in range(B):
-            response = until_end_of_turn(out[b, L:].tolist(), self.eos)
-            self.tokens_generated += len(response)
-            text = self.tokenizer.decode(response, skip_special_tokens=True)
-            results.append((prompts[b], response, text))
-        return results
+        out = self.model.generate(input_ids=input_ids.to(device),
+                                  attention_mask=attention_mask.to(device),
+                                  generation_config=self.config)  # (B, L + new)
+        return out[:, L:].tolist()
 
 
 # ------------------------------------------------------------------ episodes

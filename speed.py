@@ -11,8 +11,12 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
   - the output head and log-softmax run only on the hidden states that predict response tokens,
     in float32, in chunks, so that the (B, L, V) float32 logits never exist at once, and a head whose
     weights are not float32 is never copied to float32 whole.
-`FastPath` carries the settings these need; train.py hands one to rollout.py's functions unless
---plain is given.
+  - in the rollouts, the episodes of a group start from the same prompt and keep sharing its task
+    and older history: each prompt prefix shared by several rows of a generate call is prefilled
+    once and its KV cache copied to those rows (as vLLM's prefix caching does); generate then
+    prefills only each row's remainder and samples as before.
+`FastPath` carries the settings these need; train.py hands one to rollout.py's functions and its
+rollout policy unless --plain is given.
 """
 from __future__ import annotations
 
@@ -46,6 +50,11 @@ class FastPath:
                       only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
         """rollout.rows_logprobs, micro-batch by micro-batch."""
         return rows_logprobs(model, rows, self.pad_id, self.micro_batch_rows, temperature, T, desc, only)
+
+    def generate(self, model, prompts: list[list[int]], config) -> list[list[int]]:
+        """rollout.ModelPolicy's generate call (the same sampling config), each shared prompt prefix
+        prefilled once: the ids each row sampled (everything generate returned after its prompt)."""
+        return shared_prefix_generate(model, prompts, config, self.pad_id)
 
     def student_teacher_logprobs(self, model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
                                  temperature: float = 1.0, desc: str = "log-probs",
@@ -280,3 +289,77 @@ def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[R
     h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
     logp = head_logprobs(model, h, targets, t_len, temperature).cpu()  # (k, t)
     return torch.nn.functional.pad(logp, (0, T - logp.shape[1]))  # (k, T)
+
+
+# ----------------------------------------------------------------------------- rollouts: shared prefixes prefilled once
+MIN_SHARED = 16  # tokens two prompts must share to be prefilled as one prefix
+
+
+def prefix_clusters(prompts: list[list[int]], min_shared: int = MIN_SHARED) -> tuple[list[int], list[int]]:
+    """(the cluster of each prompt, each cluster's shared prefix length): a prompt joins the cluster
+    it shares most leading tokens with, when that is at least `min_shared` and saves more than the
+    cluster's shorter prefix would cost its other members (a group's rows keep their task's prefix
+    when another task's prompt shares only the chat template's header); every prefix stops at least
+    one token before each member's end, so that generate has a token of each row left to compute
+    its first logits from."""
+    prefixes: list[list[int]] = []
+    members: list[int] = []
+    cluster_of = []
+    for p in prompts:
+        shared = [common_length(q, p) for q in prefixes]  # with each cluster's prefix
+        best = max(range(len(prefixes)), key=shared.__getitem__, default=None)
+        lost = 0 if best is None else (len(prefixes[best]) - shared[best]) * (members[best] - 1)
+        if best is not None and shared[best] >= min_shared and shared[best] > lost:
+            prefixes[best] = prefixes[best][: shared[best]]
+            members[best] += 1
+            cluster_of.append(best)
+        else:
+            prefixes.append(list(p))
+            members.append(1)
+            cluster_of.append(len(prefixes) - 1)
+    lengths = [min([len(prefixes[c])] + [len(prompts[b]) - 1 for b, k in enumerate(cluster_of) if k == c])
+               for c in range(len(prefixes))]
+    return cluster_of, lengths
+
+
+def common_length(a: list[int], b: list[int]) -> int:
+    """How many leading ids a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int) -> list[list[int]]:
+    """model.generate over `prompts` (config: rollout.sampling_config), each shared prefix prefilled once.
+
+    Layout: row b of cluster c is [left padding | c's prefix (n_c) | padding | b's remainder], every
+    prefix ending at column Lp and every remainder at column L, so that the rows end together as in
+    a left-padded batch; position ids count real tokens, so the padding moves nothing. One decoder
+    pass over the clusters' prefixes (left-padded to Lp) makes a KV cache, copied to each row of its
+    cluster; generate continues from it, computing the remainders, then decoding as usual. Returns
+    each row's ids after its prompt."""
+    device = model.get_input_embeddings().weight.device
+    cluster_of, n = prefix_clusters(prompts)
+    Lp = max(n)
+    Lr = max(len(p) - n[c] for p, c in zip(prompts, cluster_of))
+    heads = torch.full((len(n), Lp), pad_id, dtype=torch.long)  # (U, Lp) the prefixes, left-padded
+    for c, p in enumerate(next(p for p, k in zip(prompts, cluster_of) if k == c) for c in range(len(n))):
+        heads[c, Lp - n[c] :] = torch.tensor(p[: n[c]])
+    head_mask = (torch.arange(Lp)[None, :] >= (Lp - torch.tensor(n))[:, None]).long()  # (U, Lp) 1 = real
+    ids = torch.full((len(prompts), Lp + Lr), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros_like(ids)  # (B, L) 1 = real token
+    for b, (p, c) in enumerate(zip(prompts, cluster_of)):
+        rest = p[n[c] :]
+        ids[b, :Lp], mask[b, :Lp] = heads[c], head_mask[c]
+        ids[b, Lp + Lr - len(rest) :], mask[b, Lp + Lr - len(rest) :] = torch.tensor(rest), 1
+    heads, head_mask = heads.to(device), head_mask.to(device)
+    out = model.get_decoder()(input_ids=heads, attention_mask=head_mask, use_cache=True,
+                              position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0))  # the prefixes, once
+    cache = _cache_of(out)
+    cache.batch_select_indices(torch.tensor(cluster_of, device=device))  # each row its cluster's prefix
+    sampled = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                             **{_cache_argument(model): cache})  # (B, L + new)
+    return sampled[:, Lp + Lr :].tolist()

@@ -182,7 +182,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         if args.rollout == "hf":
             self.actor = ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature,
-                                     args.rollout_batch)
+                                     args.rollout_batch, self.fast)
         else:  # [run] vLLM decodes, behind the same act()
             self.actor = vllm_policy(model, tokenizer, args)
         self.warmstart = run_warmstart(args, ckpt)  # [run] the warm start each checkpoint carries

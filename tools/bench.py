@@ -25,6 +25,11 @@ only the teacher pass skips rows.
 Models: --model tiny | smollm2 | qwen7b-shape (a Qwen2.5-7B-shaped model with random weights
 in 4-bit nf4 on CUDA, built from its config with no download; timings do not depend on the weights' values).
 
+`--demo-rollouts alfworld` (or webshop) times the CPU demo's own rollout (its model, games and batch,
+sampled): rows of a generate call that share a prompt prefix (a group's episodes share their task and
+older history) with the plain generate and with each shared prefix prefilled once (speed.py), the two
+alternating after a warm-up, from the same tasks and seed; prints the cached / plain ratio.
+
 `--env alfworld --policy random` times the ALFWorld engine alone (no model): the same episodes
 (random admissible actions, seeded) played with 1 worker (in-process) and with N worker
 processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
@@ -34,6 +39,7 @@ Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64 --ways new,no-skipping
      python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
      python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
+     python -m tools.bench --demo-rollouts alfworld --repeats 2
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ errors.quiet_start(__name__)
 # isort: split
 
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -59,7 +66,7 @@ from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
-from speed import collate_rows, response_logprobs, rows_logprobs
+from speed import collate_rows, prefix_clusters, response_logprobs, rows_logprobs
 from segments import LogProbs, length_batches
 
 
@@ -84,6 +91,7 @@ class BenchArgs:
     ways: str = "new,old"  # how each iteration runs, comma-separated (WAYS): new (train.py's), old (float32, teacher rows whole), no-skipping
     ratio_noise: bool = False  # instead of timing: the PPO ratio before any step, from numerics alone, per way
     preset: str = ""  # with --ratio-noise: a train.py preset (cpu-demo, cpu-learn) on its real env, not the synthetic one
+    demo_rollouts: str = ""  # alfworld | webshop: instead, the cpu-demo's rollout on that env, plain generate vs shared prefixes
     out: str | None = None  # also write the figures as JSON here
 
 
@@ -275,8 +283,56 @@ def median_timing(runs: list[dict]) -> dict:
     return out
 
 
+def demo_rollouts(env: str, repeats: int) -> dict:
+    """Seconds of the cpu-demo preset's rollout (its model, warm start, games and batch; sampled, not forced)
+    with the plain generate and with each shared prompt prefix prefilled once (speed.py), in one run: after a
+    warm-up, the two alternate, each from the same tasks and seed, so both play the same episodes (to float
+    rounding). Also the prompt tokens the rows of a generate call share with another row of it."""
+    unused = str(Path(tempfile.gettempdir()) / "sharpo-bench-rollouts")  # a Trainer alone writes no run folder
+    trainer = train.Trainer(train.parse_args(["--preset", "cpu-demo", "--env", env, "--output-dir", unused]))
+    fast, seconds, played = trainer.actor.fast, {"plain": [], "shared prefixes": []}, {}
+    calls, shared = [], []  # every generate call's prompts, and the tokens of each row in a shared prefix
+    real = fast.generate
+
+    def recording(model, prompts, config):
+        cluster_of, lengths = prefix_clusters(prompts)
+        counts = [cluster_of.count(c) for c in range(len(lengths))]
+        calls.append(sum(len(p) for p in prompts))
+        shared.append(sum(lengths[c] for c in cluster_of if counts[c] > 1))
+        return real(model, prompts, config)
+    fast.generate = recording
+    order = [("plain", None), ("shared prefixes", fast)]
+    for r in range(repeats + 1):  # the first round warms up, and is not counted
+        for way, actor_fast in (order if r % 2 == 0 else order[::-1]):
+            trainer.actor.fast, trainer.rng = actor_fast, random.Random(0)
+            torch.manual_seed(0)
+            clock = time.perf_counter()
+            trajs = trainer.rollout(1)
+            if r:
+                seconds[way].append(time.perf_counter() - clock)
+            played[way] = [[s.action for s in t.steps] for t in trajs]
+    trainer.close()
+    out = {"env": env, "repeats": repeats, "seconds": seconds,
+           "median": {w: statistics.median(s) for w, s in seconds.items()},
+           "same_actions": played["plain"] == played["shared prefixes"],
+           "prompt_tokens_in_shared_prefixes": sum(shared) / max(sum(calls), 1)}
+    out["shared_over_plain"] = out["median"]["shared prefixes"] / out["median"]["plain"]
+    print(f"\ncpu-demo rollouts on {env}, median of {repeats} each (alternating, after a warm-up): plain generate "
+          f"{out['median']['plain']:.1f} s, shared prefixes {out['median']['shared prefixes']:.1f} s: "
+          f"{out['shared_over_plain']:.2f}x; {out['prompt_tokens_in_shared_prefixes']:.0%} of the prompt tokens "
+          f"sat in a prefix shared within a call; the same actions both ways: {out['same_actions']}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
+    if args.demo_rollouts:
+        if args.demo_rollouts not in ("alfworld", "webshop"):
+            raise UserError(f"--demo-rollouts is alfworld or webshop; got {args.demo_rollouts!r}")
+        results = demo_rollouts(args.demo_rollouts, max(args.repeats, 1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return results
     if args.env == "alfworld":
         if args.policy != "random":
             raise UserError("--env alfworld times the engine alone: pass --policy random")
