@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import asdict, dataclass
@@ -44,7 +45,7 @@ import infra.models  # noqa: F401  first: it quiets two third-party notices befo
 # isort: split
 import torch
 
-from infra.cli import UserError, parse_dataclass, run
+from infra.cli import UserError, given_flags, parse_dataclass, run
 from infra.metrics import peak_memory_gb, reset_peak_memory
 from infra.models import TINY_SHAPE, qwen7b_shape_model
 from rollout import ModelPolicy, autocast, sampling_config
@@ -269,8 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
         slim_bitsandbytes(Path(args.slim_wheel))
         return carry_arithmetic([Path(args.slim_wheel)])
     if args.model == "tiny":
+        given = given_flags(DeviceCheckArgs, sys.argv[1:] if argv is None else argv)
         for key, value in TINY.items():  # the dry run's sizes, unless a flag says otherwise
-            if getattr(args, key) == DeviceCheckArgs.__dataclass_fields__[key].default:
+            if key not in given:
                 setattr(args, key, value)
     try:
         batches = [int(b) for b in args.decode_batches.split(",") if b.strip()]
