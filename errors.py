@@ -28,34 +28,50 @@ class DataError(UserError, ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread was, like Ctrl-C's KeyboardInterrupt."""
+    """A stop from outside other than Ctrl-C, raised where the main thread was, like Ctrl-C's
+    KeyboardInterrupt: SIGTERM, SIGHUP (the terminal closed), or an output stream that closed or
+    filled. `why` starts the stop's line; `code` is the exit code."""
+
+    def __init__(self, why: str = "terminated (SIGTERM)", code: int = 143):
+        super().__init__(why)
+        self.why, self.code = why, code
+
+
+class OutputLost(Terminated):
+    """Standard output or error closed (a pipe whose reader left: `| head`) or full (`> /dev/full`)."""
 
 
 class Stopped(KeyboardInterrupt):
     """A run stopped by a signal; the message is the one line saying what was kept."""
 
-    def __init__(self, kept: str, terminated: bool):
+    def __init__(self, kept: str, how: "bool | Terminated"):
         super().__init__(kept)
-        self.terminated = terminated  # SIGTERM (else SIGINT)
+        self.how = how
+        self.terminated = bool(how)  # a Terminated (SIGTERM, SIGHUP, lost output), else Ctrl-C
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def stop_line(terminated: bool, what: str) -> tuple[str, int]:
-    """The one line a stop prints, and its exit code (143 for SIGTERM, 130 for Ctrl-C)."""
-    return f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: {what}", 143 if terminated else 130
+def stop_line(how: "bool | Terminated", what: str) -> tuple[str, int]:
+    """The one line a stop prints, and its exit code: 130 for Ctrl-C; a Terminated's own (143 for
+    SIGTERM, 129 for SIGHUP, 141 for a closed output, 74 for a full one); True means SIGTERM."""
+    if isinstance(how, Terminated):
+        return f"{how.why}: {what}", how.code
+    return f"{'terminated (SIGTERM)' if how else 'interrupted'}: {what}", 143 if how else 130
 
 
 def _raise_terminated(signum, frame):
-    raise Terminated()
+    raise Terminated() if signum == signal.SIGTERM else Terminated("hung up (SIGHUP)", 129)
 
 
 def catch_sigterm() -> None:
-    """SIGTERM becomes `Terminated` in the main thread (the default would end the process at once,
-    without a word and without closing its env workers), and SIGINT Python's KeyboardInterrupt."""
+    """SIGTERM and SIGHUP become `Terminated` in the main thread (the default would end the process
+    at once, without a word and without closing its env workers), and SIGINT Python's
+    KeyboardInterrupt."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGHUP, _raise_terminated)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -71,7 +87,8 @@ def _stop_while_starting(signum, frame):
     """Exit at once, without unwinding: an exception raised inside a third-party import can leave
     that library half-imported and fail again on the way out (numpy did, with a RecursionError),
     and nothing has been written yet that unwinding would have to finish."""
-    line, code = stop_line(signum == signal.SIGTERM, "stopped while starting, before anything was written")
+    how = False if signum == signal.SIGINT else (True if signum == signal.SIGTERM else Terminated("hung up (SIGHUP)", 129))
+    line, code = stop_line(how, "stopped while starting, before anything was written")
     print(line, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(code)
@@ -101,7 +118,9 @@ def signals_deferred():
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
     if held:
-        raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
+        if held[0] == signal.SIGINT:
+            raise KeyboardInterrupt()
+        _raise_terminated(held[0], None)
 
 
 # ----------------------------------------------------------------------------- file-system refusals

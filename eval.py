@@ -46,7 +46,7 @@ from envs import history_length, make_env, resolve_workers
 from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint,
                               load_checkpoint_policy, read_config, run_dir_of, write_atomic)
 from infra.metrics import summarize  # the metrics the docstring above defines
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.cli import OutputLost, Stopped, UserError, check_domains, parse_dataclass, run
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 
@@ -273,14 +273,18 @@ def main(argv: list[str] | None = None) -> dict:
     metrics["games"] = game_outcomes(trajs)
     metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
     env.close()
-    title = f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else "")
-    print_table(metrics, title)
-    try:
+    try:  # the JSON first: an output stream that closes or fills below loses no result
         write_atomic(out, json.dumps(metrics, indent=1))
     except OSError as err:
         why = file_system_problem(err, out.parent) or err.strerror or err
+        print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
         raise UserError(f"cannot write {out} ({why}); the results are the table above") from None
-    print(f"wrote {out}")
+    title = f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else "")
+    try:
+        print_table(metrics, title)
+        print(f"wrote {out}")
+    except OutputLost as err:
+        raise Stopped(f"every game was played and the results are in {out}", err) from None
     return metrics
 
 

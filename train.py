@@ -52,7 +52,7 @@ from eval import greedy_evaluation
 from infra import config, dashboard, metrics
 from infra.checkpoint import (RunFolder, find_checkpoint, restore_training_state, run_policy,
                               run_warmstart)
-from infra.cli import run
+from infra.cli import OutputLost, Stopped, run
 from infra.config import RunArgs
 from infra.distributed import DataParallel
 from rollout import (ModelPolicy, batch_logprobs, play_episodes, rows_logprobs,
@@ -445,11 +445,14 @@ def main(argv: list[str] | None = None) -> None:
     train(args)
     out = args.output_dir
     table = metrics.segments_table(metrics.last_samples(out))  # [run]
-    print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n"
-          f"{table}")
-    print(f"done: metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints; draw the "
-          f"segments with python -m tools.plots {out}, evaluate with python eval.py --policy model "
-          f"--checkpoint {out}")
+    try:  # [run] the run is complete: a closed or full output loses only these lines
+        print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n"
+              f"{table}")
+        print(f"done: metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints; draw the "
+              f"segments with python -m tools.plots {out}, evaluate with python eval.py --policy "
+              f"model --checkpoint {out}")
+    except OutputLost as err:
+        raise Stopped(f"{out} is complete; only its closing summary was not printed", err) from None
 
 
 if __name__ == "__main__":

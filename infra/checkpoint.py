@@ -278,6 +278,15 @@ RUN_ENTRY = re.compile(r"^(config\.json|metrics\.jsonl|samples\.jsonl|checkpoint
                        r"|tensorboard|segments\.(html|png)|curves\.png|per_type\.png)$")
 
 
+def enclosing_run(path: Path) -> Path | None:
+    """The run folder that holds `path` (resolved: a `latest` link is its checkpoint), if any: an
+    ancestor with a config.json and a checkpoints/ folder or a metrics log."""
+    for folder in path.parents:
+        if (folder / "config.json").is_file() and ((folder / CHECKPOINTS).is_dir() or (folder / "metrics.jsonl").exists()):
+            return folder
+    return None
+
+
 class RunFolder:
     """A train.py run folder's lifecycle, in the order the loop meets it:
     `check` (before anything loads: refuse to overwrite a run, say when one is started afresh),
@@ -297,7 +306,7 @@ class RunFolder:
     def __exit__(self, kind, err, traceback) -> None:
         self.unlock()
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, Stopped):  # Ctrl-C or SIGTERM
-            raise Stopped(self.kept(), isinstance(err, Terminated)) from None
+            raise Stopped(self.kept(), err if isinstance(err, Terminated) else False) from None
 
     def kept(self) -> str:
         """What a stopped run leaves, in one line: its last checkpoint and how to go on."""
@@ -316,6 +325,11 @@ class RunFolder:
             return
         check_path_lengths(self.path)  # a path the file system cannot hold: now, not after an iteration
         where = self.path.expanduser().resolve()
+        if (outer := enclosing_run(where)) is not None:  # RUN/latest, RUN/checkpoints/iter-N, RUN/sub
+            raise UserError(f"--output-dir {self.path} is inside the run folder {outer}"
+                            f"{' (its latest checkpoint)' if self.path.name == LATEST else ''}: a run writes its "
+                            "own folder, and one inside another run would overwrite that run's files. Choose a "
+                            "folder outside it (e.g. runs/NAME)")
         for place, name in ((Path("/"), "the file-system root"), (Path.home().resolve(), "the home folder"),
                             (REPO_ROOT, "the repository's root")):
             if where == place:

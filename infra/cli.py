@@ -15,39 +15,90 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
+import errno
 import inspect
 import math
+import os
 import re
 import sys
 import textwrap
 import typing
 from pathlib import Path
 
-from errors import DataError, Stopped, Terminated, UserError, catch_sigterm, ignore_stops, stop_line  # noqa: F401  (DataError: re-exported)
+from errors import (DataError, OutputLost, Stopped, Terminated, UserError, catch_sigterm,  # noqa: F401
+                    ignore_stops, stop_line)  # (DataError: re-exported)
+
+LOST_OUTPUT = {errno.EPIPE: ("closed (its reader left: a broken pipe)", 141),
+               errno.ENOSPC: ("full (no space left on its device)", 74)}
+
+
+class GuardedStream:
+    """sys.stdout or sys.stderr, whose failure is a stop, not a crash: the first write to a pipe whose
+    reader left (`| head`) or to a full device (`> /dev/full`) raises OutputLost, which unwinds like
+    SIGTERM (a run keeps its checkpoint and says so); later writes to it go nowhere."""
+
+    def __init__(self, stream, name: str):
+        self._stream, self._name, self.lost = stream, name, False
+
+    def write(self, text):
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        return self._guard(self._stream.flush)
+
+    def _guard(self, call, *args):
+        if self.lost:
+            return len(args[0]) if args else None
+        try:
+            return call(*args)
+        except OSError as err:
+            if err.errno not in LOST_OUTPUT:
+                raise
+            self.lost = True
+            with contextlib.suppress(OSError, ValueError):  # what Python flushes at exit goes nowhere either
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            why, code = LOST_OUTPUT[err.errno]
+            raise OutputLost(f"standard {self._name} {why}", code) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def run(main) -> None:
-    """Entry point of a script: user errors become one line on stderr and exit code 2; SIGINT
-    and SIGTERM one line saying what was kept (a run's own, from train.py) and 130 or 143."""
+    """Entry point of a script: user errors become one line on stderr and exit code 2; SIGINT, SIGTERM,
+    SIGHUP and a closed or full output stream one line saying what was kept (a run's own, from
+    train.py) and 130, 143, 129, 141 or 74."""
     catch_sigterm()
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = GuardedStream(sys.stdout, "output"), GuardedStream(sys.stderr, "error")
     try:
         result = main()
         code = 0 if result is None or result else 1
     except UserError as err:
         _close_progress_bars()
-        print(f"error: {err}", file=sys.stderr)
+        _say(f"error: {err}")
         code = 2
     except KeyboardInterrupt as err:
         _close_progress_bars()
-        terminated = err.terminated if isinstance(err, Stopped) else isinstance(err, Terminated)
-        kept = str(err) if isinstance(err, Stopped) else ("stopped before it finished (a run folder keeps its last "
-                                                          "checkpoint: continue it with python train.py --resume RUN_DIR)")
-        line, code = stop_line(terminated, kept)
-        print(line, file=sys.stderr)
+        how = err.how if isinstance(err, Stopped) else (err if isinstance(err, Terminated) else False)
+        line, code = stop_line(how, str(err) if isinstance(err, Stopped) else "stopped before it finished")
+        _say(line)
     finally:
         ignore_stops()
+        if not (sys.stdout.lost or sys.stderr.lost):  # a lost stream stays guarded: Python flushes it at exit
+            sys.stdout, sys.stderr = streams
     raise SystemExit(code)
+
+
+def _say(line: str) -> None:
+    """The script's last line: on stderr, or on stdout when stderr is the stream that was lost."""
+    for stream in (sys.stderr, sys.stdout):
+        if not getattr(stream, "lost", False):
+            with contextlib.suppress(OSError, KeyboardInterrupt):
+                print(line, file=stream, flush=True)
+            return
 
 
 def _close_progress_bars() -> None:

@@ -228,3 +228,19 @@ def test_resume_with_dtype_auto_is_the_runs_dtype(tmp_path):
     run = tiny_run_folder(tmp_path)  # its config.json holds what auto resolved to on this machine
     assert train.parse_args(["--resume", str(run), "--dtype", "auto", "--iterations", "2"]).dtype == \
         json.loads((run / "config.json").read_text())["dtype"]
+
+
+@pytest.mark.parametrize("inside", ["latest", "checkpoints/iter-000001", "checkpoints", "sub/run"])
+def test_a_run_is_never_written_inside_another(tmp_path, inside):
+    """A new run aimed at another run's `latest`, one of its checkpoints, its checkpoints/ folder or any folder
+    below it is refused in one line before anything is written: the other run's files stay byte for byte."""
+    import train
+
+    parent = tiny_run_folder(tmp_path, "a")
+    before = {p: p.read_bytes() for p in parent.rglob("*") if p.is_file() and p.name != ".lock"}
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=1, group_size=2, max_steps=1,
+                                  max_new_tokens=4, output_dir=str(parent / inside)))
+    with pytest.raises(UserError, match=f"is inside the run folder {parent}"):
+        train.train(args, train.Trainer(args, env=StubEnv(1)))
+    after = {p: p.read_bytes() for p in parent.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before and not (parent / "sub").exists()

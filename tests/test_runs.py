@@ -208,7 +208,9 @@ run(lambda: tiny_train(tiny_args(out)) and None)
 
 
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                                (signal.SIGINT, 130, "interrupted")], ids=["SIGTERM", "SIGINT"])
+                                                (signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGHUP, 129, "hung up (SIGHUP)")],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_from_outside_is_one_line_and_no_traceback(tmp_path, signum, code, word, uninterrupted):
     """`kill PID` (or Ctrl-C) from outside, a run of its own process: exit 143 (130), no
     traceback, the last line names the iteration kept; --resume ends as the uninterrupted run."""
@@ -277,7 +279,9 @@ def test_resuming_an_older_checkpoint_is_refused_while_newer_ones_exist(tmp_path
 
 
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
-                                                (signal.SIGINT, 130, "interrupted")], ids=["SIGTERM", "SIGINT"])
+                                                (signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGHUP, 129, "hung up (SIGHUP)")],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_while_train_py_still_imports_is_one_line(tmp_path, signum, code, word):
     """The imports take seconds (torch, transformers): a stop then is one line, not a
     KeyboardInterrupt traceback from inside some import, and no run folder is made."""
@@ -361,3 +365,49 @@ def test_a_run_saved_with_the_old_flag_name_resumes(tmp_path):
     assert json.loads((run / "config.json").read_text())["eps_m"] == 0.3
     with pytest.raises(UserError, match="--eps-m"):  # and it is the same experiment: eps_m may not change
         train.parse_args(["--resume", str(run), "--eps-m", "0.2"])
+
+
+TINY_RUN = ["train.py", "--model", "tiny", "--preset", "none", "--env", "webshop", "--iterations", "3", "--groups", "1",
+            "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "8", "--lora-r", "4", "--lora-alpha", "8",
+            "--eval-every", "0", "--hindsight", "expert", "--output-dir"]
+
+
+def test_an_output_that_closes_or_fills_is_a_stop_and_the_run_resumes(tmp_path):
+    """train.py | head -1: the first write after the reader left stops the run as SIGTERM would (exit 141, one
+    line naming the checkpoint kept, no traceback); > /dev/full: exit 74, the same. Either run resumes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "piped"
+    proc = subprocess.Popen([sys.executable, *TINY_RUN, str(out)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.readline()  # head -1: one line, then the reader leaves
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 141 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("standard output closed (its reader left: a broken pipe): "
+                                                   f"{out} keeps iteration")
+    full = tmp_path / "full"
+    with open("/dev/full", "w") as devfull:
+        done = subprocess.run([sys.executable, *TINY_RUN, str(full)], cwd=ROOT, text=True, stdout=devfull,
+                              stderr=subprocess.PIPE, env=env, timeout=300)
+    assert done.returncode == 74 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("standard output full (no space left on its device)")
+    resumed = subprocess.run([sys.executable, "train.py", "--resume", str(out)], cwd=ROOT, capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_eval_writes_its_json_before_an_output_that_closes(tmp_path):
+    """eval.py | head -1: the results are written first; the stop line says where they are."""
+    path = tmp_path / "eval.json"
+    proc = subprocess.Popen([sys.executable, "eval.py", "--env", "webshop", "--policy", "random", "--num-games", "2",
+                             "--out", str(path)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 141 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith(f"every game was played and the results are in {path}")
+    assert json.loads(path.read_text())["episodes"] == 2
