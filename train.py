@@ -52,7 +52,7 @@ from eval import greedy_evaluation
 from infra import config, dashboard, metrics
 from infra.checkpoint import (RunFolder, find_checkpoint, restore_training_state, run_policy,
                               run_warmstart)
-from infra.cli import OutputLost, Stopped, run
+from infra.cli import OutputLost, Stopped, UserError, run
 from infra.config import RunArgs
 from infra.distributed import DataParallel
 from rollout import (ModelPolicy, batch_logprobs, play_episodes, rows_logprobs,
@@ -312,6 +312,8 @@ class Trainer:
                                   log.total(stats))  # [distributed] the gradients summed first
             moved = moved or step is not None  # a skipped step moved nothing
             log.add(step)
+            if step is not None:  # [run] a diverged policy stops here, before it is checkpointed
+                self.check_sampling(rows.rows[idx[0]], it)
         return log.means()
 
     def loss(self, logp_new: torch.Tensor, logp_old: torch.Tensor, part: list[int], rows: Rows,
@@ -335,6 +337,19 @@ class Trainer:
         ppo = metrics.loss_stats(logp_new, logp_old, ahat, mask, counts["tokens"],
                                  counts["trained"], args.ppo_clip)  # [run] clip_frac, approx_kl_old
         return loss, {**terms, **ppo, "loss": loss.detach()}
+
+    @torch.no_grad()
+    def check_sampling(self, row, it: int) -> None:
+        """[run] After an optimizer step, the policy can still be sampled: a row's log-probs are
+        finite. A step that made them NaN or infinite (an update that diverged) stops the run in one
+        line, and nothing of the iteration is checkpointed."""
+        logp = batch_logprobs(self.model, [row], self.args.temperature, self.fast)  # (1, t)
+        if not torch.isfinite(logp).all():
+            kept = f"the run keeps iteration {it - 1}" if it > 1 else "no checkpoint yet"
+            raise UserError(f"iteration {it}: an optimizer step made the policy's sampling "
+                            "distribution non-finite (NaN or infinite log-probs: the update "
+                            f"diverged; --lr {self.args.lr:g} too large?). Nothing of iteration "
+                            f"{it} is checkpointed; {kept}. Start a new run with a smaller --lr")
 
     # what the stages above call: the rewards (or a placebo's), GiGPO's steps, the token counts
     def rewards(self, trajs: list[Trajectory], groups: torch.Tensor) -> torch.Tensor:

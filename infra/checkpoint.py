@@ -615,6 +615,7 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
         init_adapter=warm, gradient_checkpointing=gradient_checkpointing, seed=config.get("seed", 0),
     )
     check_finite_parameters(model, ckpt)
+    check_sampling_is_finite(model, ckpt)
     return model, tokenizer
 
 
@@ -639,7 +640,30 @@ def check_finite_parameters(model, where) -> None:
     bad = [n for n, p in model.named_parameters() if "lora_" in n and not torch.isfinite(p).all()]
     if bad:
         raise UserError(f"{where}: the adapter holds non-finite weights ({bad[0]} and {len(bad) - 1} more); "
-                        "resume from an earlier checkpoint (checkpoints/iter-*)")
+                        f"{go_back(where)}")
+
+
+def go_back(ckpt) -> str:
+    """Which checkpoint to go back to from a damaged or diverged one, and how."""
+    ckpt = Path(ckpt)
+    earlier = [c for c in run_checkpoints(run_dir_of(ckpt)) if checkpoint_number(c) != checkpoint_number(ckpt)
+               and (checkpoint_number(c) or 0) < (checkpoint_number(ckpt) or 0)]
+    if not earlier:
+        return "no earlier checkpoint of the run is left: start the run again (a smaller --lr, if it diverged)"
+    return (f"go back to {earlier[-1]}: python train.py --resume {earlier[-1]} --output-dir NEW_FOLDER "
+            "(a new run folder that continues from it)")
+
+
+@torch.no_grad()
+def check_sampling_is_finite(model, ckpt) -> None:
+    """A checkpoint whose policy cannot be sampled (its logits are not finite: weights near 1e30 pass
+    the finite check, then every softmax is NaN) is one line, at load, naming the checkpoint to go
+    back to; a probe forward over a few tokens tells."""
+    ids = torch.tensor([[1, 2, 3, 4]], device=model.get_input_embeddings().weight.device)
+    logits = model(input_ids=ids).logits.float()  # (1, 4, V)
+    if not torch.isfinite(logits).all() or not torch.isfinite(logits.softmax(-1)).all():
+        raise UserError(f"{ckpt}: its policy's sampling distribution is not finite (the logits overflow: an "
+                        f"update that diverged, e.g. a learning rate too large); {go_back(ckpt)}")
 
 
 def load_optimizer_state(ckpt: Path) -> dict:

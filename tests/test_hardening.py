@@ -244,3 +244,29 @@ def test_a_run_is_never_written_inside_another(tmp_path, inside):
         train.train(args, train.Trainer(args, env=StubEnv(1)))
     after = {p: p.read_bytes() for p in parent.rglob("*") if p.is_file() and p.name != ".lock"}
     assert after == before and not (parent / "sub").exists()
+
+
+def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_path):
+    """--lr 1e30: the first optimizer step makes the logits overflow; the run stops in one line naming it,
+    and no checkpoint of that iteration is written. A checkpoint whose weights are near 1e30 (they pass the
+    finite check) is refused at resume and at eval, naming the checkpoint to go back to."""
+    import train
+
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=2, groups=1, group_size=4, max_steps=2,
+                                  max_new_tokens=8, lr=1e30, lora_r=4, lora_alpha=8, eval_every=0,
+                                  hindsight="expert", output_dir=str(tmp_path / "div")))
+    with pytest.raises(UserError, match="iteration 1: an optimizer step made the policy's sampling distribution "
+                                        "non-finite.*no checkpoint yet"):
+        train.train(args, train.Trainer(args, env=StubEnv(2)))
+    assert not list((tmp_path / "div").glob("checkpoints/iter-*"))
+    run = tiny_run_folder(tmp_path, "ok", iterations=2, keep_checkpoints=2)
+    ckpt = run / "checkpoints" / "iter-000002"
+    tensors = load_file(str(ckpt / "adapter_model.safetensors"))
+    save_file({k: v * 1e30 if "lora_B" in k else v for k, v in tensors.items()}, str(ckpt / "adapter_model.safetensors"))
+    with pytest.raises(UserError, match=r"iter-000002: its policy's sampling distribution is not finite.*go back to "
+                                        r".*iter-000001"):
+        train.Trainer(train.parse_args(["--resume", str(run), "--iterations", "3"]), env=StubEnv(2))
+    done = subprocess.run([sys.executable, "eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games",
+                           "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "sampling distribution is not finite" in done.stderr.strip().splitlines()[-1]
