@@ -66,10 +66,11 @@ class EvalArgs:
     the shipped data"""
     num_games: int = 0
     """games to play, round-robin over task types; 0 = the whole split"""
-    max_steps: int = 0
-    """steps per episode; 0 = the env's default (ALFWorld: 50, WebShop: 15)"""
-    history: str = "2"
-    """observation/action pairs in the prompt: an integer or "all" """
+    max_steps: int | None = None
+    """steps per episode; default: a --checkpoint's own, else the env's (ALFWorld 50, WebShop 15)"""
+    history: str | None = None
+    """observation/action pairs in the prompt, an integer or "all"; default: a --checkpoint's own,
+    else 2"""
     batch_size: int = 16
     """episodes played in one batch"""
     env_workers: int = 0
@@ -87,12 +88,15 @@ class EvalArgs:
     """sampling temperature for --policy model; 0 = greedy"""
     samples_per_game: int = 1
     """episodes per game (with --temperature > 0): each game's success is the share won"""
-    max_new_tokens: int = 256
-    """response length limit for --policy model"""
+    max_new_tokens: int | None = None
+    """response length limit for --policy model; default: a --checkpoint's own, else 256"""
     seed: int = 0
     """seed for the random policy and sampling"""
     out: str | None = None
     """JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder"""
+
+
+PLAYED_AS_TRAINED = ("history", "max_steps", "max_new_tokens")  # a checkpoint's, unless given
 
 
 # ------------------------------------------------------------------ baseline policies
@@ -216,7 +220,7 @@ def check_args(args: EvalArgs) -> None:
     problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
     try:
-        history_length(args.history)
+        history_length(args.history or "2")
     except ValueError as err:
         problems.append(str(err))
     if args.checkpoint and args.policy != "model":
@@ -249,7 +253,16 @@ def main(argv: list[str] | None = None) -> dict:
         args.env = trained["env"]
         if args.data_dir is None and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]  # the data it trained on, held-out splits and all
+        played = {k: trained.get(k) for k in PLAYED_AS_TRAINED if getattr(args, k) is None}
+        for k, v in played.items():  # the run's own setting, where none is given: what it trained on
+            setattr(args, k, v)
+        if played:
+            print(f"playing as {run_dir_of(ckpt)} trained: " + ", ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in played.items()))
     args.env = args.env or "alfworld"
+    for key, default in (("history", "2"), ("max_steps", 0), ("max_new_tokens", 256)):
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     history_len = history_length(args.history)
     try:
         env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps,

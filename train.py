@@ -186,9 +186,10 @@ class Trainer:
         else:  # [run] vLLM decodes, behind the same act()
             self.actor = vllm_policy(model, tokenizer, args)
         self.warmstart = run_warmstart(args, ckpt)  # [run] the warm start each checkpoint carries
+        self.data = getattr(self.env, "data_digest", lambda: None)()  # [run] the tasks, in a hash
         self.iteration_done = 0
-        if ckpt:  # [run]
-            self.iteration_done = restore_training_state(ckpt, self.optimizer, self.rng)
+        if ckpt:  # [run] a checkpoint of these tasks: its optimizer and random states
+            self.iteration_done = restore_training_state(ckpt, self.optimizer, self.rng, self.data)
         if self.dist.rank:  # [distributed] the same tasks (self.rng), other samples per process
             rank_seed = stream_seed("sampling", args.seed, self.iteration_done, self.dist.rank)
             torch.manual_seed(rank_seed)
@@ -425,7 +426,7 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
         run.check(resuming=bool(args.resume))  # [run] never overwrite a run; before any loading
         dist.barrier()  # [distributed] every process has looked before the main one writes
         trainer = trainer or Trainer(args, dist=dist)
-        run.start(asdict(args), trainer.iteration_done)  # [run]
+        run.start(asdict(args), trainer.iteration_done, trainer.data)  # [run]
         tracker = None
         if dist.main:  # [run] --report-to: a live dashboard
             tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args))

@@ -17,6 +17,7 @@ Deviations from upstream ALFWorld / verl-agent:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -285,6 +286,19 @@ class AlfWorldEnv:
     # -- tasks
     def tasks(self, split: str) -> list[str]:
         return find_games(self.root, split)
+
+    def data_digest(self) -> str:
+        """The tasks in one hash (a resumed run checks it trains on the data it started on): each game
+        folder's name and traj_data.json, and its game file's size, in every split."""
+        digest, base = hashlib.sha256(), self.root / "json_2.1.1"
+        for folder in sorted(p for p in base.glob("*/*/*") if (p / "traj_data.json").is_file()):
+            try:
+                digest.update(str(folder.relative_to(base)).encode() + (folder / "traj_data.json").read_bytes())
+                game = folder / "game.tw-pddl"
+                digest.update(str(game.stat().st_size if game.exists() else -1).encode())
+            except OSError as err:
+                raise DataError(f"cannot read {folder}: {err.strerror or err}") from None
+        return digest.hexdigest()[:16]
 
     def gamefile(self, task_id: str) -> str:
         return str(self.root / "json_2.1.1" / task_id / "game.tw-pddl")

@@ -29,6 +29,7 @@ than 2,000 goals (the shipped catalog) -- and the rest `train`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -333,6 +334,11 @@ class WebShopEnv:
         self.counts = {"reset": 0, "step": 0}
 
     # -- tasks
+    def data_digest(self) -> str:
+        """The tasks in one hash (a resumed run checks it trains on the data it started on): every
+        goal, its product, attributes, options and price."""
+        return hashlib.sha256(json.dumps(self.goals, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise DataError(f"unknown WebShop split {split!r}: choose train or test")

@@ -79,6 +79,9 @@ class WorkerEnv:
     def expert_plan(self, task_id):
         return self.local.expert_plan(task_id)
 
+    def data_digest(self):
+        return self.local.data_digest()
+
     def build_messages(self, state, history, history_len):
         return self.local.build_messages(state, history, history_len)
 

@@ -42,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -151,17 +152,31 @@ def trim_log(path: Path, iteration: int) -> int:
         raise UserError(f"{path} is not a regular file (train.py appends its log there): move it out of the run folder")
     data = path.read_bytes()
     lines = data.splitlines()
-    kept = []
-    for line in lines:
+    kept, later = [], []
+    for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            continue  # a line cut short by a kill mid-write, or bytes that are no log line
-        if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] <= iteration:
+            record = None
+        if not (isinstance(record, dict) and is_iteration(record.get("iteration"))):
+            torn = n == len(lines) and not data.endswith(b"\n")
+            print(f"note: {path} line {n} is {'cut short (a kill mid-write)' if torn else 'no log line'}: dropped",
+                  file=sys.stderr)
+        elif record["iteration"] > iteration:
+            later.append(n)
+        else:
             kept.append(line.decode("utf-8"))
+    if later:
+        print(f"note: {path} line{'s' if len(later) > 1 else ''} {', '.join(map(str, later))}: iterations after "
+              f"the checkpoint's {iteration}, dropped (the resume runs them again)", file=sys.stderr)
     if len(kept) != len(lines) or (lines and not data.endswith(b"\n")):
         write_atomic(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
+
+
+def is_iteration(value) -> bool:
+    """An iteration number in a log line: a non-negative integer, and not a boolean (true is no 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # ----------------------------------------------------------------------------- finding checkpoints
@@ -242,7 +257,7 @@ def read_json(path: Path, what: str) -> dict:
 # The flags this module reads from a checkpoint's config.json, and the types they must have
 # (train.py checks every other flag against TrainArgs when it resumes).
 CONFIG_TYPES = {"model": (str,), "load_in_4bit": (bool, type(None)), "seed": (int,), "env": (str,),
-                "init_adapter": (str, type(None))}
+                "init_adapter": (str, type(None)), "history": (str,), "max_steps": (int,), "max_new_tokens": (int,)}
 
 
 def read_config(ckpt: Path) -> dict:
@@ -298,6 +313,7 @@ class RunFolder:
         self.path, self.main = Path(path), main
         self.metrics, self.samples = self.path / "metrics.jsonl", self.path / "samples.jsonl"
         self._lock = None  # the open file of RUN/.lock while this process holds the folder
+        self.data = None  # the digest of the tasks the run trains on (start), recorded by each checkpoint
 
     def __enter__(self) -> "RunFolder":
         self.lock()
@@ -386,7 +402,10 @@ class RunFolder:
         if not resuming and self.main and any(p.exists() for p in (self.metrics, self.path / "config.json")):
             print(f"{self.path} holds no checkpoint yet (a run stopped before its first one): starting it from iteration 1")
 
-    def start(self, config: dict, iteration_done: int) -> None:
+    def start(self, config: dict, iteration_done: int, data: str | None = None) -> None:
+        """Write config.json, trim the logs to the restored iteration; data: the tasks' digest, which
+        each checkpoint records."""
+        self.data = data
         if self.main:
             with writing(self.path, "config.json and the logs"):
                 self.path.mkdir(parents=True, exist_ok=True)
@@ -436,13 +455,14 @@ class RunFolder:
         if not self.main:
             return warmstart
         with signals_deferred(), writing(self.path, f"the checkpoint of iteration {iteration}"):
-            final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep)
+            final = save_checkpoint(self.path, iteration, model, optimizer, rng_state(task_rng), config, warmstart, keep,
+                                    self.data)
         return None if warmstart is None else final / "warmstart"
 
 
 # ----------------------------------------------------------------------------- saving
 def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, config: dict,
-                    warmstart: str | os.PathLike | None, keep: int) -> Path:
+                    warmstart: str | os.PathLike | None, keep: int, data: str | None = None) -> Path:
     """Write checkpoint `iteration` completely, then point `latest` at it, then drop old ones."""
     folder = run_dir / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -454,7 +474,8 @@ def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, 
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "rng.json").write_text(json.dumps(rng))
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    (tmp / STATE).write_text(json.dumps({"iteration": iteration}))  # last: its presence marks a complete folder
+    state = {"iteration": iteration, **({"data": data} if data else {})}  # data: the tasks' digest
+    (tmp / STATE).write_text(json.dumps(state))  # last: its presence marks a complete folder
     crash_point("checkpoint written")
     if final.exists():  # a checkpoint of the same iteration from before a resume: replace it
         final.rename(folder / f".trash-{final.name}")
@@ -715,8 +736,13 @@ def check_optimizer_state(path: Path, state: dict, optimizer) -> None:
             raise UserError(f"{path}: the step of parameter {index} should be a number, found {type(step).__name__}")
 
 
-def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random) -> int:
-    """Load a checkpoint's optimizer state and RNG states into a run; returns its iteration."""
+def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random, data: str | None = None) -> int:
+    """Load a checkpoint's optimizer state and RNG states into a run; returns its iteration. data: the
+    env's data digest now, refused when the checkpoint recorded another (tasks changed under its path)."""
+    recorded = read_json(ckpt / STATE, "the checkpoint's iteration").get("data")
+    if data is not None and isinstance(recorded, str) and recorded != data:
+        raise UserError(f"the data changed since {ckpt} was saved (its tasks hash {recorded}, now {data}): a "
+                        "resumed run trains on the tasks it started on. Restore the data, or start a new run on it")
     state = load_optimizer_state(ckpt)
     check_optimizer_state(ckpt / "optimizer.pt", state, optimizer)
     try:

@@ -9,6 +9,7 @@ before anything loads; config.json in the run folder records the resolved flags.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -281,6 +282,8 @@ def resume_args(cls, given: dict):
         raise UserError(f"--resume {ckpt} would redo the iterations after it, but {run_dir} holds the newer "
                         f"{find_checkpoint(run_dir).name}; resume the run folder, or branch a new run from that "
                         f"checkpoint with --output-dir NEW_FOLDER")
+    if not branching and ckpt is not None:
+        check_unedited(run_dir, ckpt, saved)
     problems = config_type_errors(cls, saved)
     known = {f.name for f in fields(cls)}
     absent = [k for k in known if k not in saved and k not in RESUME_MAY_CHANGE]
@@ -303,6 +306,28 @@ def resume_args(cls, given: dict):
     check_resumed_data(args)
     check_args(args)
     return args
+
+
+def check_unedited(run_dir: Path, ckpt: Path, saved: dict) -> None:
+    """The run folder's config.json says what its checkpoint's does, but for the flags a resume may
+    change: a hand edit would otherwise be discarded without a word (a resume takes the checkpoint's)."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        return
+    try:
+        edited = with_current_names(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        edited = None
+    if not isinstance(edited, dict):
+        raise UserError(f"{path} is not a JSON object of flags (edited or damaged): a resume continues from "
+                        f"{ckpt / 'config.json'}; copy that file back over it to resume")
+    differ = sorted(k for k in set(edited) | set(saved)
+                    if k not in RESUME_MAY_CHANGE and edited.get(k) != saved.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {edited.get(k)!r} (checkpoint: {saved.get(k)!r})" for k in differ[:3])
+        raise UserError(f"{path} was edited ({shown}): a resume continues with its checkpoint's flags, "
+                        f"{ckpt / 'config.json'}. Copy that file back to resume, or start a new run with the "
+                        "changed flags (--iterations and the other flags a resume may change go on the command line)")
 
 
 def check_resumed_data(args) -> None:

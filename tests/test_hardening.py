@@ -270,3 +270,87 @@ def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_pat
                            "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "sampling distribution is not finite" in done.stderr.strip().splitlines()[-1]
+
+
+def test_eval_of_a_run_plays_its_own_history_steps_and_tokens(tmp_path):
+    """eval.py --checkpoint RUN plays the run's own --history, --max-steps and --max-new-tokens (it played
+    history 2, 15 steps and 256 tokens for a run trained with 1, 2 and 8), says so, and a flag given wins."""
+    run = tiny_run_folder(tmp_path, history="1", max_steps=2, max_new_tokens=8)
+    out = tmp_path / "e.json"
+    done = subprocess.run([sys.executable, "eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games",
+                           "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"playing as {run} trained: --history 1, --max-steps 2, --max-new-tokens 8" in done.stdout
+    config = json.loads(out.read_text())["config"]
+    assert (config["history"], config["max_steps"], config["max_new_tokens"]) == ("1", 2, 8)
+    done = subprocess.run([sys.executable, "eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games",
+                           "1", "--max-steps", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and json.loads(out.read_text())["config"]["max_steps"] == 1
+    assert "--max-steps" not in done.stdout.split("trained:")[-1].splitlines()[0]
+
+
+@pytest.mark.parametrize("edit", ["lr", "invalid"])
+def test_a_hand_edited_run_config_is_refused_on_resume(tmp_path, edit):
+    """RUN/config.json edited by hand (a valid change of --lr, or broken JSON) was discarded on --resume
+    without a word: now refused in one line naming the file and the checkpoint's copy. A change of a flag a
+    resume may change (--iterations) is no edit."""
+    import train
+
+    run = tiny_run_folder(tmp_path)
+    path = run / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "iterations": 5}))  # what a resume itself writes: fine
+    train.parse_args(["--resume", str(run), "--iterations", "2"])
+    path.write_text(json.dumps({**config, "lr": 0.5}) if edit == "lr" else "{not json")
+    with pytest.raises(UserError, match="config.json (was edited|is not a JSON object).*iter-000001"):
+        train.parse_args(["--resume", str(run), "--iterations", "2"])
+
+
+def test_a_resume_refuses_tasks_that_changed_under_the_same_path(tmp_path):
+    """Goals changed inside the recorded data folder, same path: the resume switched tasks without a word.
+    Each checkpoint now records the tasks' digest, and a resume on other tasks is refused in one line."""
+    import shutil
+
+    import train
+    from envs import make_env
+    from infra.config import DATA
+
+    data = tmp_path / "webshop"
+    shutil.copytree(DATA / "webshop", data)
+    base = dict(model="tiny", preset="none", env="webshop", data_dir=str(data), iterations=1, groups=1, group_size=2,
+                max_steps=2, max_new_tokens=4, lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert",
+                output_dir=str(tmp_path / "run"))
+    args = train.parse_args(flags(**base))
+    train.train(args)
+    digest = make_env("webshop", data_dir=data).data_digest()
+    assert json.loads((tmp_path / "run" / "checkpoints" / "iter-000001" / "state.json").read_text())["data"] == digest
+    human = next(data.glob("items_human_ins*.json"))
+    goals = json.loads(human.read_text())
+    first = next(iter(goals))
+    goals[first][0]["instruction"] = "i want something else entirely"
+    human.write_text(json.dumps(goals))
+    assert make_env("webshop", data_dir=data).data_digest() != digest
+    with pytest.raises(UserError, match="the data changed since .*iter-000001 was saved"):
+        train.Trainer(train.parse_args(["--resume", str(tmp_path / "run"), "--iterations", "2"]))
+
+
+def test_a_log_line_dropped_on_resume_is_reported_with_its_number(tmp_path, capsys):
+    """A non-UTF-8 byte in metrics.jsonl line 1 deleted that line on resume without a word, and a line with
+    {"iteration": true} was kept as iteration 1: now each dropped line is named by its number on stderr, and
+    an iteration must be an integer (a boolean is none)."""
+    import train
+    from stub_env import StubEnv as Stub
+
+    run = tiny_run_folder(tmp_path, iterations=2)
+    path = run / "metrics.jsonl"
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(lines[0].replace(b'"iteration"', b'"iter\\xfftion"') + b"\n" + lines[1] + b"\n"
+                     + json.dumps({"iteration": True, "success": 0.5}).encode() + b"\n")
+    capsys.readouterr()
+    args = train.parse_args(["--resume", str(run), "--iterations", "3"])
+    train.train(args, train.Trainer(args, env=Stub(args.max_steps)))
+    err = capsys.readouterr().err
+    assert f"{path} line 1 is no log line: dropped" in err and f"{path} line 3 is no log line: dropped" in err
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["iteration"] for line in kept] == [2, 3]

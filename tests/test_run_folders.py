@@ -190,8 +190,11 @@ def test_a_run_folder_has_one_writer_and_a_dead_holders_lock_is_taken_over(tmp_p
         holder.wait()
     tiny_train(tiny_args(out, iterations=1))  # the dead holder's lock is taken over
     assert "train.py (pid" in (out / ".lock").read_text() and (out / "latest").exists()
+    with pytest.raises(UserError, match="is inside the run folder"):  # a file of the run's own checkpoint
+        train.train(tiny_args(out / "latest" / "state.json", iterations=1))
+    (out.parent / "a_file").write_text("x")
     with pytest.raises(UserError, match="cannot use .* as a run folder"):
-        train.train(tiny_args(out / "latest" / "state.json", iterations=1))  # a file, not a folder
+        train.train(tiny_args(out.parent / "a_file", iterations=1))  # a file, not a folder
 
 
 def test_no_run_writes_into_the_root_the_home_folder_the_repository_or_a_folder_of_other_files(tmp_path, monkeypatch):
@@ -233,8 +236,8 @@ def test_a_full_or_read_only_disk_is_one_line_and_the_run_resumes_once_fixed(tmp
         tiny_train(tiny_args(out, iterations=2, resume=str(out)))
     monkeypatch.setattr(checkpoint, "crash_hook", None)
     assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) in (1, 2)  # 2 only after `latest` was renamed
-    lines, _ = tiny_train(tiny_args(out, iterations=2, resume=str(out)))
-    assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 2
+    lines, _ = tiny_train(tiny_args(out, iterations=3, resume=str(out)))
+    assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 3
 
 
 def test_a_short_write_from_torch_on_a_full_disk_is_one_line_too(tmp_path, monkeypatch):
