@@ -9,16 +9,23 @@ answers in episode order, so the workers run at the same time. Everything else (
 types, expert plans, prompts) is answered by an in-process copy of the env, which plays no
 episode. rollout.py does not know the difference.
 
-A worker that dies (the engine crashing the process, a kill), or gives no answer within `timeout`
-seconds (a frozen engine, a stopped process), is reported on stderr with the game files it held, killed
-and started anew; its episodes end there as failed episodes (done, not
-won, reward 0, info["env_crash"] = True), counted in `crashes`, and the run goes on.
+A worker that dies (the engine crashing the process, a kill), falls silent (a frozen or stopped
+process: while it works, a thread of it sends a heartbeat every HEARTBEAT_S seconds, and SILENCE_S
+seconds without one, 20 at the defaults, mean it is frozen), or gives no answer within `timeout`
+seconds (--env-timeout: a bound on one reset or step however alive the worker is) is reported on
+stderr with the game files it held, killed and started anew; its episodes end there as failed
+episodes (done, not won, reward 0, info["env_crash"] = True), counted in `crashes`, and the run goes
+on. Why a heartbeat: a step takes 20-50 ms and a reset of a batch seconds, 10x that on a loaded
+machine, so no timeout fits both a fresh engine and a frozen one; a process that beats is alive,
+and one silent for ten beats is not (a sleeping thread is woken within milliseconds even on a
+2-core machine at full load: tests/test_workers.py measures it).
 
 `seconds` counts wall time in reset/step as seen from the training process (what the GPU
 waits for); the workers' own engine time is `worker_seconds`.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
 import sys
@@ -29,23 +36,58 @@ from envs import EnvStep, check_responses, make_env
 from errors import DataError
 
 
+HEARTBEAT_S = 2.0  # a working worker says it is alive this often
+SILENCE_S = 20.0  # this long without a word (ten beats missed) and a worker counts as frozen
+
+
 def _serve(conn, name: str, kwargs: dict) -> None:
-    """A worker's loop: build the env, then answer reset / step / close until told to stop."""
-    env = make_env(name, **kwargs)
+    """A worker's loop: build the env, then answer reset / step / close until told to stop; while it
+    computes an answer, a thread sends ("beat", None) every HEARTBEAT_S seconds."""
+    lock = threading.Lock()  # one message on the pipe at a time
+
+    def send(message):
+        with lock:
+            conn.send(message)
+
     try:
+        with beating(send):  # building the env (imports, data) can take seconds
+            env = make_env(name, **kwargs)
         while True:
             command, payload = conn.recv()
             if command == "close":
                 env.close()
-                conn.send(None)
+                send(None)
                 return
-            try:
-                answer = env.reset(payload) if command == "reset" else env.step(payload)
-            except DataError as err:  # a game the engine cannot play: the parent stops with this one line
-                answer = err
-            conn.send((answer, dict(env.seconds)))
+            with beating(send):
+                try:
+                    answer = env.reset(payload) if command == "reset" else env.step(payload)
+                except DataError as err:  # a game the engine cannot play: the parent stops with this line
+                    answer = err
+            send(("answer", (answer, dict(env.seconds))))
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return  # the parent is gone (it stopped on an error, was interrupted or killed): leave quietly
+
+
+@contextlib.contextmanager
+def beating(send):
+    """Send ("beat", None) every HEARTBEAT_S seconds while the block works (never while idle: a
+    parent busy elsewhere for hours would find the pipe full of beats)."""
+    done = threading.Event()
+
+    def beat():
+        while not done.wait(HEARTBEAT_S):
+            try:
+                send(("beat", None))
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class WorkerEnv:
@@ -53,6 +95,7 @@ class WorkerEnv:
 
     def __init__(self, name: str, workers: int, timeout: float = 600.0, **kwargs):
         self.timeout = timeout  # seconds a worker may take to answer one reset or step (--env-timeout)
+        self.silence = SILENCE_S  # seconds without a heartbeat that make a worker frozen
         self.local = make_env(name, **kwargs)  # answers everything but reset/step; plays no episode
         self.name, self.max_steps, self.default_eval_split = name, self.local.max_steps, self.local.default_eval_split
         self._env_name, self._kwargs, self.n = name, kwargs, workers
@@ -131,11 +174,11 @@ class WorkerEnv:
                 out[k] = None
                 continue
             try:
-                if not self._conns[k].poll(self.timeout):  # a frozen or stopped worker: no wait without a bound
-                    self._crashed(k, f"no answer in {self.timeout:g} s")
+                reply = self._wait(k)
+                if reply is None:
                     out[k] = None
                     continue
-                answer, seconds = self._conns[k].recv()
+                answer, seconds = reply
                 self.worker_seconds[k] = seconds
                 out[k] = answer
                 if isinstance(answer, DataError):
@@ -144,6 +187,24 @@ class WorkerEnv:
                 self._crashed(k, f"{type(err).__name__}, exit code {self._procs[k].exitcode}")
                 out[k] = None
         return out
+
+    def _wait(self, k: int):
+        """Worker k's answer, or None after it was found frozen (silent for SILENCE_S) or slower than the
+        timeout (then it is killed and started anew): heartbeats are read and waited past."""
+        start = time.perf_counter()
+        while True:
+            left = self.timeout - (time.perf_counter() - start)
+            if left <= 0:
+                self._crashed(k, f"no answer in {self.timeout:g} s")
+                return None
+            if not self._conns[k].poll(min(self.silence, left)):
+                if self.silence < left:
+                    self._crashed(k, f"silent for {self.silence:g} s: frozen or stopped")
+                    return None
+                continue  # the timeout's end: said above
+            kind, body = self._conns[k].recv()
+            if kind == "answer":
+                return body
 
     def _failed(self, j: int) -> EnvStep:
         """Episode j ends here: its worker died (done, not won, reward 0)."""

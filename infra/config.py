@@ -48,7 +48,7 @@ class RunArgs:
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    env_timeout: float = 600.0  # seconds an env worker may take to answer one reset or step before it counts as crashed
+    env_timeout: float = 600.0  # seconds an env worker may take for one reset or step (a frozen one: 20 s without a heartbeat)
     rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
     rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
     vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training

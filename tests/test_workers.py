@@ -79,3 +79,55 @@ def test_worker_counts_and_webshop_in_process():
     assert resolve_workers(0, 1) == 1 and resolve_workers(3, 1) == 3
     assert resolve_workers(0, 1000) == (os.cpu_count() or 1)
     assert isinstance(make_env("webshop", workers=4), WebShopEnv)
+
+
+def test_a_frozen_worker_is_found_in_20_seconds_at_the_defaults():
+    """SIGSTOP one worker mid-episode, with the default --env-timeout (600 s): its heartbeats stop, and it
+    counts as crashed after 20 s of silence (it took the whole 600 s before), the other worker goes on."""
+    import os
+    import signal
+    import time
+
+    from envs import make_env
+
+    env = make_env("alfworld", workers=2)
+    try:
+        assert env.timeout == 600 and env.silence == 20
+        env.reset(env.tasks("train")[:2])
+        os.kill(env._procs[0].pid, signal.SIGSTOP)
+        clock = time.perf_counter()
+        out = env.step(["<think>x</think><action>look</action>"] * 2)
+        assert 19 < time.perf_counter() - clock < 45
+        assert out[0].info.get("env_crash") and not out[1].info.get("env_crash") and env.crashes == 1
+    finally:
+        env.close()
+
+
+def test_heartbeats_keep_coming_on_a_loaded_machine():
+    """No false alarm: with both cores busy, a working worker's beats (every 2 s) never fall silent for
+    anything near the 20 s that marks it frozen (measured: the largest gap between beats)."""
+    import multiprocessing as mp
+    import time
+
+    from envs.workers import beating
+
+    hogs = [mp.get_context("spawn").Process(target=_spin, args=(12,), daemon=True) for _ in range(3)]
+    for h in hogs:
+        h.start()
+    stamps = []
+    with beating(lambda message: stamps.append(time.perf_counter())):
+        end = time.perf_counter() + 10
+        while time.perf_counter() < end:  # the worker itself busy too
+            sum(range(10000))
+    for h in hogs:
+        h.join()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert len(stamps) >= 4 and max(gaps) < 5, gaps
+
+
+def _spin(seconds: float) -> None:
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
