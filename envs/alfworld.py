@@ -70,6 +70,9 @@ def _load_json_object(path: Path) -> dict:
         raise DataError(f"{path}: not valid JSON ({err})") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply to be env data") from None
+    except OSError as err:  # there but unreadable: permission denied, an I/O error
+        raise DataError(f"cannot read {path} ({err.strerror or err}): make the data readable (chmod -R a+rX "
+                        "the data folder)") from None
     if not isinstance(value, dict):
         raise DataError(f"{path}: expected a JSON object, found {type(value).__name__}")
     return value
@@ -305,7 +308,7 @@ class AlfWorldEnv:
 
     def task_type(self, task_id: str) -> str:
         if task_id not in self._types:
-            traj = json.loads((self.root / "json_2.1.1" / task_id / "traj_data.json").read_text())
+            traj = _load_json_object(self.root / "json_2.1.1" / task_id / "traj_data.json")
             self._types[task_id] = traj["task_type"]
         return self._types[task_id]
 
@@ -313,7 +316,7 @@ class AlfWorldEnv:
         """The expert's actions from the start state (cached), for --hindsight expert: the game's
         stored walkthrough, or the handcoded expert played out when the game has none."""
         if task_id not in self._plans:
-            walkthrough = json.loads(Path(self.gamefile(task_id)).read_text()).get("walkthrough") or []
+            walkthrough = _load_json_object(Path(self.gamefile(task_id))).get("walkthrough") or []
             self._plans[task_id] = walkthrough or expert_walkthrough(self.gamefile(task_id), self.max_steps)[0]
         return self._plans[task_id]
 

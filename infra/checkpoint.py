@@ -86,12 +86,13 @@ def check_path_lengths(run_dir: Path, entry: str = LONGEST_ENTRY) -> None:
                 break
         except (OSError, ValueError):  # a path too long to even ask about
             continue
-    longest = max(deepest.parts, key=lambda part: len(part.encode()))
-    if len(longest.encode()) > name_max or len(str(deepest).encode()) >= path_max:
+    size = os.fsencode  # bytes as the file system takes them (a non-ASCII name under LC_ALL=C too)
+    longest = max(deepest.parts, key=lambda part: len(size(part)))
+    if len(size(longest)) > name_max or len(size(str(deepest))) >= path_max:
         shown = str(run_dir) if len(str(run_dir)) <= 80 else f"{str(run_dir)[:60]}...({len(str(run_dir))} characters)"
         raise UserError(f"{shown} is too long a path for this file system (a name may hold {name_max} bytes, a path "
-                        f"{path_max}; the run's deepest file would be {len(str(deepest).encode())} bytes, its longest name "
-                        f"{len(longest.encode())}): choose a shorter one")
+                        f"{path_max}; the run's deepest file would be {len(size(str(deepest)))} bytes, its longest name "
+                        f"{len(size(longest))}): choose a shorter one")
 
 @contextlib.contextmanager
 def writing(run_dir: Path, what: str):
@@ -108,15 +109,18 @@ def writing(run_dir: Path, what: str):
 
 
 # ----------------------------------------------------------------------------- small safe files
+# Text files are UTF-8 whatever the locale; a path from a command line under LC_ALL=C (its bytes carried
+# as surrogates) is written back as the bytes it came as.
+TEXT = {"encoding": "utf-8", "errors": "surrogateescape"}
 def write_atomic(path: Path, text: str) -> None:
     """Write text to path through a temp file and a rename: readers see the old or the new file. A file that is
     no regular file (/dev/null, a FIFO) is written in place: a rename would replace the device itself."""
     if path.exists() and not path.is_file():
-        path.write_text(text)
+        path.write_text(text, **TEXT)
         return
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, **TEXT)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -137,7 +141,7 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
     """Append records as JSON lines (non-finite numbers as null), flushed as one write."""
     if records:
         text = "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records)
-        with path.open("a") as f:
+        with path.open("a", **TEXT) as f:
             f.write(text)
             f.flush()
 
@@ -197,7 +201,12 @@ def run_checkpoints(run_dir: Path, complete_only: bool = True) -> list[Path]:
     folder = Path(run_dir) / CHECKPOINTS
     if not folder.is_dir() or folder.is_symlink():
         return []
-    found = [c for c in folder.iterdir() if checkpoint_number(c) is not None and (is_complete(c) or not complete_only)]
+    try:
+        entries = list(folder.iterdir())
+    except OSError as err:  # a folder this user may not read (mode 700, another owner)
+        raise UserError(f"cannot read {folder} ({err.strerror or err}): run as its owner, or make it "
+                        "readable (chmod -R u+rX, or a+rX)") from None
+    found = [c for c in entries if checkpoint_number(c) is not None and (is_complete(c) or not complete_only)]
     return sorted(found, key=checkpoint_number)
 
 
@@ -249,6 +258,8 @@ def read_json(path: Path, what: str) -> dict:
         raise UserError(f"{path} is not valid JSON ({err}): {what}") from None
     except RecursionError:
         raise UserError(f"{path} is nested too deeply to be {what}") from None
+    except OSError as err:  # permission denied, an I/O error
+        raise UserError(f"cannot read {path} ({err.strerror or err}): {what}; make it readable") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} should hold a JSON object: {what}")
     return value
@@ -518,7 +529,7 @@ def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike 
     lora_cfg["base_model_name_or_path"] = public_base_name(config["model"])
     (folder / "adapter_config.json").write_text(json.dumps(lora_cfg, indent=2, sort_keys=True))
     card = folder / "README.md"
-    card.write_text(fill_model_card(card.read_text() if card.exists() else "", config, lora_cfg))
+    card.write_text(fill_model_card(card.read_text(**TEXT) if card.exists() else "", config, lora_cfg), **TEXT)
 
 
 def fold_adapters(state1: dict, cfg1, state2: dict, cfg2) -> tuple[dict, object]:
@@ -619,10 +630,23 @@ def checkpoint_adapters(ckpt: Path) -> tuple[Path, Path | None]:
     if (ckpt / "trained" / "adapter_config.json").is_file():
         if not (ckpt / "warmstart" / "adapter_config.json").is_file():
             raise UserError(f"{ckpt} has trained/ but no warmstart/: the checkpoint is incomplete")
-        return ckpt / "trained", ckpt / "warmstart"
-    if not (ckpt / "adapter_config.json").is_file():
+        found = ckpt / "trained", ckpt / "warmstart"
+    elif not (ckpt / "adapter_config.json").is_file():
         raise UserError(f"{ckpt} holds no adapter (adapter_config.json): not a train.py checkpoint")
-    return ckpt, None
+    else:
+        found = ckpt, None
+    for folder in filter(None, found):
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            try:
+                with open(folder / name, "rb"):
+                    pass
+            except FileNotFoundError:
+                raise UserError(f"{folder / name} is missing: the checkpoint is incomplete; "
+                                f"{go_back(ckpt)}") from None
+            except OSError as err:  # there, but not readable (mode 000, another owner)
+                raise UserError(f"cannot read {folder / name} ({err.strerror or err}): make it readable, "
+                                "or run as its owner") from None
+    return found
 
 
 def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_checkpointing: bool = False):
@@ -630,11 +654,17 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
     (for `tiny`), all read from the checkpoint. Returns (model, tokenizer)."""
     config = read_config(ckpt)
     adapter, warm = checkpoint_adapters(ckpt)
-    model, tokenizer = load_policy(
-        config["model"], device=device, dtype=config.get("dtype", "fp32"), load_in_4bit=config.get("load_in_4bit"),
-        adapter=adapter,
-        init_adapter=warm, gradient_checkpointing=gradient_checkpointing, seed=config.get("seed", 0),
-    )
+    try:
+        model, tokenizer = load_policy(
+            config["model"], device=device, dtype=config.get("dtype", "fp32"), load_in_4bit=config.get("load_in_4bit"),
+            adapter=adapter, init_adapter=warm, gradient_checkpointing=gradient_checkpointing,
+            seed=config.get("seed", 0),
+        )
+    except Exception as err:  # whatever peft or the hub says of a folder that went away mid-load
+        if ckpt.exists() and (adapter / "adapter_config.json").is_file():
+            raise
+        raise UserError(f"{ckpt} was removed while it loaded (a run pruning its older checkpoints?): load the "
+                        f"run folder, {run_dir_of(ckpt)}, which takes its newest") from None
     check_finite_parameters(model, ckpt)
     check_sampling_is_finite(model, ckpt)
     return model, tokenizer

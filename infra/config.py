@@ -24,7 +24,7 @@ import torch
 from envs import SPLITS, history_length
 from advantage import check_mixing
 from infra import dashboard, memory
-from infra.checkpoint import find_checkpoint, read_config, read_json, run_checkpoints, run_dir_of
+from infra.checkpoint import find_checkpoint, read_config, read_iteration, read_json, run_checkpoints, run_dir_of
 from infra.cli import UserError, build_parser, check_domains, given_flags, with_current_names
 from infra.models import check_available, default_model_name
 from infra.precision import auto_choice_line, resolve_dtype
@@ -153,7 +153,7 @@ GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "rollout_batch", "micro_batch_rows", "plain", "gradient_checkpointing", "env_workers", "resume",
-                     "output_dir", "preset", "report_to")
+                     "output_dir", "report_to")  # not --preset: a resumed run keeps its flags, presets apply to new runs
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
 DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
 REAL_DATA = {  # where each env's real data comes from (docs/environments.md)
@@ -293,6 +293,8 @@ def resume_args(cls, given: dict):
     for k in absent:
         print(f"note: {(ckpt or run_dir) / 'config.json'} has no {k!r} (a run from before that flag): taking "
               f"{getattr(cls, k)!r}", file=sys.stderr)
+    if given.get("preset") == "auto":  # auto is what the run resolved it to when it started
+        given = {k: v for k, v in given.items() if k != "preset"}
     if "dtype" in given and given["dtype"] == "auto":  # auto is what it resolves to here
         given = {**given, "dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu",
                                                  saved.get("model"))}
@@ -303,8 +305,19 @@ def resume_args(cls, given: dict):
                         "Start a new run (another --output-dir) to change them.")
     args = cls(**{**{k: v for k, v in saved.items() if k in known}, **given})
     args.output_dir, args.resume = str(out), None if ckpt is None else str(ckpt)
+    done = read_iteration(ckpt) if ckpt is not None else 0
+    if "iterations" in given and given["iterations"] <= done:
+        raise UserError(f"--iterations {given['iterations']}: {ckpt} is at iteration {done} already, so nothing would "
+                        f"run; pass more than {done} to continue it")
     check_resumed_data(args)
-    check_args(args)
+    try:
+        check_args(args)
+    except UserError as err:  # a value the user did not give is the saved config's, not a flag's
+        own = [k for k in saved if k not in given and f"--{k.replace('_', '-')} " in f"{err} "]
+        if not own:
+            raise
+        raise UserError(f"{(ckpt or run_dir) / 'config.json'} holds a value train.py refuses (edited or damaged: "
+                        f"{', '.join(own)}): {err}") from None
     return args
 
 

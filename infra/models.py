@@ -47,7 +47,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from errors import UserError
+from errors import UserError, file_system_problem
 from infra import memory
 from infra.precision import resolve_dtype  # noqa: F401  (re-exported: callers resolve --dtype here too)
 
@@ -162,10 +162,11 @@ def smollm2_folder(announce=print) -> Path:
         model.save_pretrained(partial, safe_serialization=True)
         tok.save_pretrained(partial)
         partial.rename(folder)  # whole or absent: a run killed while saving leaves only a .partial folder
-    except OSError as err:
+    except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
         if not (folder / "model.safetensors").is_file():  # else another process made it meanwhile
             _NO_FOLDER.add(folder)
-            announce(f"could not write {folder} ({err.strerror or err}): reading the GGUF file directly")
+            why = file_system_problem(err, cache) or getattr(err, "strerror", None) or err
+            announce(f"could not write {folder} ({why}): reading the GGUF file directly")
             return gguf
     finally:
         shutil.rmtree(partial, ignore_errors=True)

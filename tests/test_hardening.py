@@ -354,3 +354,132 @@ def test_a_log_line_dropped_on_resume_is_reported_with_its_number(tmp_path, caps
     assert f"{path} line 1 is no log line: dropped" in err and f"{path} line 3 is no log line: dropped" in err
     kept = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["iteration"] for line in kept] == [2, 3]
+
+
+def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
+    """As another user: a run whose checkpoints/ is mode 700, and an adapter of mode 000, were a
+    PermissionError traceback and "holds no adapter". (The tests run as root, which reads everything: the
+    refusals are raised by hand here; tests/hostile_sweep.py runs them as nobody.)"""
+    from infra import checkpoint
+
+    run = tiny_run_folder(tmp_path)
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "checkpoints":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(UserError, match=r"cannot read .*checkpoints \(Permission denied\): run as its owner"):
+        checkpoint.find_checkpoint(run)
+    monkeypatch.setattr(Path, "iterdir", real_iterdir)
+    real_open = open
+
+    def refusing(path, *a, **k):
+        if str(path).endswith("adapter_model.safetensors"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    with pytest.raises(UserError, match=r"cannot read .*adapter_model.safetensors \(Permission denied\)"):
+        checkpoint.checkpoint_adapters(checkpoint.find_checkpoint(run))
+
+
+def test_a_non_ascii_run_folder_under_the_c_locale(tmp_path):
+    """LC_ALL=C (ASCII, no UTF-8 coercion) and a run folder named données: the run, its resume and its plots
+    work (a UnicodeEncodeError traceback in checkpoint.py before)."""
+    out = tmp_path / "données"
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "OMP_NUM_THREADS": "1"}
+    argv = ["train.py", "--model", "tiny", "--preset", "none", "--env", "webshop", "--iterations", "1", "--groups", "1",
+            "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--lora-r", "4", "--lora-alpha", "8",
+            "--eval-every", "0", "--hindsight", "expert", "--output-dir", str(out)]
+    for command in (argv, ["train.py", "--resume", str(out), "--iterations", "2"], ["-m", "tools.plots", str(out)]):
+        done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (out / "checkpoints" / "iter-000002" / "README.md").is_file()
+
+
+def test_a_full_disk_under_the_model_cache_falls_back_to_the_model_file(tmp_path, monkeypatch):
+    """The embedded model's one-time conversion on a full file system (safetensors says so as its own error
+    type: a SafetensorError traceback before) says why and reads the GGUF file instead."""
+    import transformers
+    from safetensors import SafetensorError
+
+    from infra import models
+
+    monkeypatch.setenv("SHARPO_CACHE", str(tmp_path / "cache"))
+    tiny = models.build_tiny_model(models.build_tiny_tokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: models.build_tiny_tokenizer())
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+
+    monkeypatch.setattr(type(tiny), "save_pretrained", full)
+    said = []
+    source = models.smollm2_folder(announce=said.append)
+    assert source.suffix == ".gguf" and "no space left on the device" in said[-1]
+
+
+def test_resume_messages_say_what_happened(tmp_path):
+    """--resume with --iterations at or below the run's iteration did nothing and exited 0: refused; --preset on a
+    resume was recorded but never applied: refused as a change; a checkpoint's own bad value was blamed on a flag
+    the user never gave: the message names the config.json."""
+    import train
+    from infra import config
+
+    run = tiny_run_folder(tmp_path, iterations=2)
+    with pytest.raises(UserError, match="--iterations 1: .* is at iteration 2 already"):
+        train.parse_args(["--resume", str(run), "--iterations", "1"])
+    with pytest.raises(UserError, match=r"would change it: --preset \(run: 'none', given: 'cpu-demo'\)"):
+        train.parse_args(["--resume", str(run), "--iterations", "3", "--preset", "cpu-demo"])
+    for path in (run / "config.json", run / "checkpoints" / "iter-000002" / "config.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "lr": -1.0}))
+    with pytest.raises(UserError, match=r"iter-000002/config.json holds a value train.py refuses .*lr.*--lr must be"):
+        train.parse_args(["--resume", str(run), "--iterations", "3"])
+    assert "preset" not in config.RESUME_MAY_CHANGE
+
+
+def test_logs_and_tools_name_a_line_they_cannot_read(tmp_path, capsys):
+    """tools.plots on a samples line whose segments is a string (an AttributeError traceback): skipped and
+    named; tools.compare's gather on a metrics line without success (a KeyError): one line naming it; tools.credit
+    --env webshop took ALFWorld's split as its default and refused it after loading the model: now its own."""
+    from tools import compare, credit, plots
+
+    run = tiny_run_folder(tmp_path)
+    samples = run / "samples.jsonl"
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    records[0]["segments"] = "oops"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records))
+    plots.make_plots(run)
+    assert f"{samples} line 1 is not a train.py log record: skipped" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_text(json.dumps({"iteration": 1}) + "\n")
+    with pytest.raises(UserError, match="metrics.jsonl line 1 is not a train.py metrics line"):
+        compare.read_metrics(run)
+    with pytest.raises(UserError) as err:
+        credit.main(["--env", "webshop", "--seeds", "x"])
+    assert "--seeds" in str(err.value) and "--split" not in str(err.value)
+    with pytest.raises(UserError, match="--split for webshop must be one of train, test"):
+        credit.main(["--env", "webshop", "--split", "valid_seen"])
+
+
+def test_a_checkpoint_removed_while_it_loads_is_one_line(tmp_path, monkeypatch):
+    """eval.py on a checkpoint a running run prunes as it loads: HFValidationError ('Repo id must be...')
+    before; now one line saying so and what to load instead."""
+    import shutil
+
+    from infra import checkpoint
+
+    run = tiny_run_folder(tmp_path)
+    ckpt = checkpoint.find_checkpoint(run)
+
+    def pruned(name, **kwargs):
+        shutil.rmtree(ckpt)
+        raise ValueError("Repo id must be in the form 'repo_name' or 'namespace/repo_name'")
+
+    monkeypatch.setattr(checkpoint, "load_policy", pruned)
+    with pytest.raises(UserError, match="was removed while it loaded .*load the run folder"):
+        checkpoint.load_checkpoint_policy(ckpt)

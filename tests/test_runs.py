@@ -401,11 +401,12 @@ def test_an_output_that_closes_or_fills_is_a_stop_and_the_run_resumes(tmp_path):
 def test_eval_writes_its_json_before_an_output_that_closes(tmp_path):
     """eval.py | head -1: the results are written first; the stop line says where they are."""
     path = tmp_path / "eval.json"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before eval printed its table (the first thing it writes to stdout)
     proc = subprocess.Popen([sys.executable, "eval.py", "--env", "webshop", "--policy", "random", "--num-games", "2",
-                             "--out", str(path)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                             "--out", str(path)], cwd=ROOT, text=True, stdout=write_end,
                             stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    proc.stdout.readline()
-    proc.stdout.close()
+    os.close(write_end)
     err = proc.stderr.read()
     proc.wait(timeout=300)
     assert proc.returncode == 141 and "Traceback" not in err

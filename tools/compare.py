@@ -120,15 +120,22 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
 
 
 def read_metrics(run: Path) -> list[dict]:
-    """The metrics lines of a run folder, skipping a torn line."""
+    """The metrics lines of a run folder, skipping a torn line; a line without an iteration and a
+    success number (edited, or another program's) is one error naming it."""
     out = []
     path = run / "metrics.jsonl"
     if path.exists():
-        for line in path.read_text().splitlines():
+        for n, line in enumerate(path.read_bytes().splitlines(), 1):
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                continue  # a line a kill cut short
+            number = record.get("success") if isinstance(record, dict) else None
+            if not isinstance(number, (int, float)) or isinstance(number, bool) or \
+                    not isinstance(record.get("iteration"), int) or isinstance(record.get("iteration"), bool):
+                raise UserError(f"{path} line {n} is not a train.py metrics line (it needs an integer "
+                                "'iteration' and a number 'success'): restore the log, or delete that line")
+            out.append(record)
     return out
 
 

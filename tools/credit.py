@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from advantage import gigpo_step_advantages, grpo_advantages, rlsd_multipliers, segment_gap, segment_multipliers
-from envs import history_length, make_env, resolve_workers
+from envs import SPLITS, history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
@@ -88,6 +88,9 @@ PLACEBOS = TEACHERS[1:]
 NO_TEACHER = ("surprise", "length", "step_index", "invalid", "not_in_plan", "gigpo", "grpo")
 
 
+HELD_OUT = {"alfworld": "valid_seen", "webshop": "test"}  # --split's default: games the warm start never saw
+
+
 @dataclass
 class CreditArgs:
     """Command-line flags of credit.py."""
@@ -99,7 +102,7 @@ class CreditArgs:
     checkpoint: str | None = None  # score with a train.py run's policy instead (a run folder or checkpoint)
     data_dir: str | None = None  # env data folder; default: the shipped data
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    split: str = "valid_seen"  # games the episodes come from (held out from the warm start, which saw train)
+    split: str | None = None  # the games played; default: held out from the warm start (ALFWorld valid_seen, WebShop test)
     games: int = 12  # games per seed (every task type in turn); 0 = the whole split
     group_size: int = 4  # episodes per game and seed (G)
     seeds: str = "0,1,2"  # sampling seeds, comma-separated: each plays every game G times
@@ -290,7 +293,9 @@ def placebo_plans(plans: dict[str, list[str]], seed: int) -> dict[str, dict[str,
 
 # ----------------------------------------------------------------------------- play and score
 def load(args: CreditArgs):
-    """(model, tokenizer, env) with the settings of a training run."""
+    """(model, tokenizer, env) with the settings of a training run; an unset --split becomes the
+    env's held-out split."""
+    args.split = args.split or HELD_OUT[args.env]
     if args.checkpoint:
         model, tokenizer = load_checkpoint_policy(find_checkpoint(args.checkpoint))
     else:
@@ -533,6 +538,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not seeds:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
     problems += seed_problems("--seeds", seeds)
+    args.split = args.split or HELD_OUT[args.env]
+    if args.split not in SPLITS[args.env]:  # before the model loads
+        problems.append(f"--split for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {args.split!r}")
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")
