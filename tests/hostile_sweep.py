@@ -16,7 +16,7 @@ reward depends on the sampled text, so the weights move and "the same weights" m
 through `infra.cli.run` as train.py's own main does. The full disk is a small tmpfs (needs root;
 those cases are skipped with a line otherwise).
 
-Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4]
+Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4,round5]
 """
 from __future__ import annotations
 
@@ -668,9 +668,261 @@ def round_four(work: Path, marker: Path, record) -> None:
     record("round four", "a SIGSTOPped env worker", "env", outcome)
 
 
-SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4")
+# ----------------------------------------------------------------------------- round five
+def snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1]
+
+
+def stop_verdict(code: int | None, err: str, expected: int) -> str:
+    if code is None:
+        return "HANG"
+    if "Traceback" in err:
+        return "traceback"
+    return "one-line stop" if code == expected and last_line(err) else f"exit {code}"
+
+
+def as_nobody() -> list[str] | None:
+    """The command prefix that runs a command as user nobody, when this machine lets it (root, setpriv, a
+    Python nobody can run); None otherwise (those cases are reported as not run)."""
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "HOME=/tmp",
+              f"SHARPO_CACHE={tempfile.gettempdir()}/sweep-nobody-cache"]
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return None
+    probe = subprocess.run([*prefix, PY, "-c", "import torch"], capture_output=True, timeout=120)
+    return prefix if probe.returncode == 0 else None
+
+
+def round_five(work: Path, marker: Path, record) -> None:
+    """Round five: runs inside runs, output streams that close or fill, SIGHUP, a diverged policy, other users'
+    files, the C locale, a full model cache, damaged logs, what a resume or an eval could change silently, a
+    frozen worker at the defaults, and the misleading messages of round five's issue."""
+    base = work / "r5-base"
+    if not base.exists():
+        tiny_run(base)
+    # 1. a run written inside another
+    for inside in ("latest", "checkpoints/iter-000001", "checkpoints", "sub/run"):
+        before = snapshot(base)
+        proc = run(["train.py", *TINY_WEBSHOP, "--output-dir", str(base / inside)])
+        outcome = verdict(proc, marker)
+        if outcome == "one-line error":
+            outcome = "refused, run intact" if snapshot(base) == before else "REFUSED, RUN CHANGED"
+        record("round five", f"new run in base/{inside}", "train", outcome, last_line(proc.stderr)[:90])
+    # 2. output streams that close or fill; SIGHUP
+    out = work / "r5-pipe"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.Popen([PY, "train.py", *TINY_WEBSHOP[:-2], "--iterations", "3", "--output-dir", str(out)], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=600)
+    outcome = stop_verdict(proc.returncode, err, 141)
+    if outcome == "one-line stop":
+        resumed = run(["train.py", "--resume", str(out)])
+        outcome = outcome if resumed.returncode == 0 else f"stop, then resume {verdict(resumed, marker)}"
+    record("round five", "train | head -1, then --resume", "train", outcome, last_line(err)[:90])
+    for name, argv, stream in (("train > /dev/full", ["train.py", *TINY_WEBSHOP[:-2], "--output-dir",
+                                                     str(work / "r5-full-out")], "stdout"),
+                               ("train 2> /dev/full", ["train.py", *TINY_WEBSHOP[:-2], "--output-dir",
+                                                      str(work / "r5-full-err")], "stderr"),
+                               ("eval > /dev/full", ["eval.py", "--env", "webshop", "--policy", "random", "--num-games",
+                                                    "2", "--out", str(work / "r5-full.json")], "stdout"),
+                               ("plots > /dev/full", ["-m", "tools.plots", str(base)], "stdout")):
+        for folder in (work / "r5-full-out", work / "r5-full-err"):
+            shutil.rmtree(folder, ignore_errors=True)
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([PY, *argv], cwd=ROOT, text=True, env=ENV, timeout=600,
+                                  **({"stdout": full, "stderr": subprocess.PIPE} if stream == "stdout"
+                                     else {"stdout": subprocess.PIPE, "stderr": full}))
+        said = done.stderr if stream == "stdout" else done.stdout
+        outcome = stop_verdict(done.returncode, said, 74)
+        if name.startswith("eval") and outcome == "one-line stop" and not (work / "r5-full.json").is_file():
+            outcome = "LOST ITS JSON"
+        record("round five", name, argv[0].removesuffix(".py") if argv[0] != "-m" else argv[1], outcome,
+               last_line(said)[:90])
+    hup = work / "r5-hup"
+    shutil.rmtree(hup, ignore_errors=True)
+    proc = stub(hup)
+    started(hup, proc)
+    deadline = time.time() + 300
+    while not (hup / "latest").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)
+    code, _, err = finish(proc)
+    outcome = "finished first" if code == 0 else stop_verdict(code, err, 129)
+    record("round five", "SIGHUP mid-run", "train", outcome, last_line(err)[:90])
+    # 3. a diverged policy
+    proc = run(["train.py", *TINY_WEBSHOP[:-2], "--lr", "1e30", "--output-dir", str(work / "r5-diverge")])
+    outcome = verdict(proc, marker)
+    if outcome == "one-line error" and list((work / "r5-diverge").glob("checkpoints/iter-*")):
+        outcome = "CHECKPOINTED A DIVERGED POLICY"
+    record("round five", "--lr 1e30", "train", outcome, last_line(proc.stderr)[:90])
+    bad = work / "r5-diverged-ckpt"
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(base, bad, symlinks=True)
+    weights = bad / "checkpoints" / "iter-000002" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    from safetensors.torch import save_file
+    save_file({k: v * 1e30 if "lora_B" in k else v for k, v in tensors.items()}, str(weights))
+    for name, argv in (("resume of a diverged checkpoint", ["train.py", "--resume", str(bad), "--iterations", "3"]),
+                       ("sampled eval of a diverged checkpoint", ["eval.py", "--policy", "model", "--checkpoint",
+                                                                  str(bad), "--temperature", "1", "--num-games", "1"])):
+        proc = run(argv)
+        record("round five", name, argv[0].removesuffix(".py"), verdict(proc, marker), last_line(proc.stderr)[:90])
+    # 4. other users' files, the C locale, a full model cache
+    nobody = as_nobody()
+    if nobody is None:
+        record("round five", "as another user (not run: needs root and setpriv)", "eval", "ok (not run)")
+    else:
+        shared = Path(tempfile.mkdtemp(prefix="sweep-shared-"))
+        os.chmod(shared, 0o755)
+        locked = shared / "run"
+        shutil.copytree(base, locked, symlinks=True)
+        subprocess.run(["chmod", "-R", "a+rX", str(locked)], check=True)
+        os.chmod(locked / "checkpoints", 0o700)
+        proc = subprocess.run([*nobody, PY, "eval.py", "--policy", "model", "--checkpoint", str(locked), "--out",
+                               str(shared / "e.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        record("round five", "checkpoints/ of mode 700, another user", "eval", verdict(proc, marker),
+               last_line(proc.stderr)[:90])
+        os.chmod(locked / "checkpoints", 0o755)
+        os.chmod(locked / "checkpoints" / "iter-000002" / "adapter_model.safetensors", 0)
+        proc = subprocess.run([*nobody, PY, "eval.py", "--policy", "model", "--checkpoint", str(locked), "--out",
+                               str(shared / "e.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        outcome = verdict(proc, marker)
+        if outcome == "one-line error" and "missing" in last_line(proc.stderr):
+            outcome = "SAID MISSING"
+        record("round five", "an adapter of mode 000, another user", "eval", outcome, last_line(proc.stderr)[:90])
+        data = shared / "alfworld"
+        shutil.copytree(ROOT / "data" / "alfworld", data)
+        subprocess.run(["chmod", "-R", "a+rX", str(data)], check=True)
+        os.chmod(next(data.glob("json_2.1.1/valid_unseen/*/*/traj_data.json")), 0)
+        proc = subprocess.run([*nobody, PY, "eval.py", "--policy", "expert", "--data-dir", str(data), "--out",
+                               str(shared / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        record("round five", "an unreadable traj_data.json, another user", "eval", verdict(proc, marker),
+               last_line(proc.stderr)[:90])
+        shutil.rmtree(shared, ignore_errors=True)
+    c_env = {**ENV, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    folder = work / "r5-données"
+    shutil.rmtree(folder, ignore_errors=True)
+    outcomes = []
+    for argv in (["train.py", *TINY_WEBSHOP[:-2], "--output-dir", str(folder)],
+                 ["train.py", "--resume", str(folder), "--iterations", "2"], ["-m", "tools.plots", str(folder)]):
+        proc = subprocess.run([PY, *argv], cwd=ROOT, capture_output=True, text=True, env=c_env, timeout=600)
+        outcomes.append(verdict(proc, marker))
+    record("round five", "LC_ALL=C, a run folder named données", "train", "ok" if set(outcomes) == {"ok"} else
+           next(o for o in outcomes if o != "ok"))
+    mount = work / "r5-tiny-cache"
+    mount.mkdir(exist_ok=True)
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                                            capture_output=True).returncode == 0:
+        try:
+            proc = subprocess.run([PY, "eval.py", "--policy", "model", "--model", "smollm2", "--num-games", "1",
+                                   "--max-steps", "1", "--max-new-tokens", "4", "--out", str(work / "r5-cache.json")],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=600,
+                                  env={**ENV, "SHARPO_CACHE": str(mount)})
+            record("round five", "the model cache on a full file system", "eval", verdict(proc, marker),
+                   last_line(proc.stderr)[:90])
+        finally:
+            subprocess.run(["umount", str(mount)], capture_output=True)
+    else:
+        record("round five", "the model cache on a full file system (not run: no tmpfs)", "eval", "ok (not run)")
+    # 5. a frozen worker at the defaults
+    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
+            "env = make_env('alfworld', workers=2); env.reset(env.tasks('train')[:2])\n"
+            "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
+            "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"
+            "ok = out[0].info.get('env_crash') and not out[1].info.get('env_crash') and time.time() - t < 45\n"
+            "env.close(); sys.exit(0 if ok else 1)")
+    try:
+        proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+        outcome = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        outcome = "HANG"
+    record("round five", "a SIGSTOPped worker, the default timeout", "env", outcome)
+    # 6. nothing changes silently; 7. messages
+    short = work / "r5-short"
+    if not short.exists():
+        proc = run(["train.py", *TINY_WEBSHOP[:-2], "--history", "1", "--max-steps", "2", "--max-new-tokens", "6",
+                    "--output-dir", str(short)])
+    proc = run(["eval.py", "--policy", "model", "--checkpoint", str(short), "--num-games", "1", "--out",
+                str(work / "r5-short.json")])
+    outcome = verdict(proc, marker)
+    if outcome == "ok":
+        config = json.loads((work / "r5-short.json").read_text())["config"]
+        outcome = "ok" if (config["history"], config["max_steps"], config["max_new_tokens"]) == ("1", 2, 6) else \
+            f"PLAYED {config['history']}, {config['max_steps']}, {config['max_new_tokens']}"
+    record("round five", "eval of a run: its own history, steps, tokens", "eval", outcome)
+    cases = {
+        "an edited RUN/config.json (lr)": lambda f: json_edit(f / "config.json", lambda c: {**c, "lr": 0.5}),
+        "an invalid RUN/config.json": lambda f: (f / "config.json").write_text("{oops"),
+        "goals changed under the data path": None,
+        "a non-UTF-8 byte in metrics line 1": lambda f: (f / "metrics.jsonl").write_bytes(
+            b'{"iteration": 1, "succ\xffess": 0.5}\n' + (f / "metrics.jsonl").read_bytes().split(b"\n", 1)[1]),
+        'a metrics line {"iteration": true}': lambda f: (f / "metrics.jsonl").write_text(
+            (f / "metrics.jsonl").read_text() + json.dumps({"iteration": True, "success": 0.5}) + "\n"),
+    }
+    for name, damage in cases.items():
+        folder = work / "r5-runs" / name.replace(" ", "_").replace("/", "_")
+        shutil.rmtree(folder, ignore_errors=True)
+        argv = ["train.py", "--resume", str(folder), "--iterations", "3"]
+        if damage is None:  # its own copy of the catalog, changed after the run
+            catalog = folder.parent / "catalog"
+            shutil.rmtree(catalog, ignore_errors=True)
+            shutil.copytree(ROOT / "data" / "webshop", catalog)
+            proc = run(["train.py", *TINY_WEBSHOP[:-2], "--iterations", "2", "--data-dir", str(catalog),
+                        "--output-dir", str(folder)])
+            human = next(catalog.glob("items_human_ins*.json"))
+            goals = json.loads(human.read_text())
+            goals[next(iter(goals))][0]["instruction"] = "i want something else entirely"
+            human.write_text(json.dumps(goals))
+        else:
+            shutil.copytree(base, folder, symlinks=True)
+            damage(folder)
+        proc = run(argv)
+        outcome = verdict(proc, marker)
+        if damage is not None and "metrics" in name and outcome == "ok":
+            outcome = "ok" if "no log line: dropped" in proc.stderr else "DROPPED WITHOUT A WORD"
+        record("round five", name, "resume", outcome, last_line(proc.stderr)[:90])
+    for name, argv in (("--resume --iterations 1 of a run at 2", ["train.py", "--resume", str(base), "--iterations", "1"]),
+                       ("--resume --preset cpu-demo", ["train.py", "--resume", str(base), "--iterations", "3",
+                                                       "--preset", "cpu-demo"]),
+                       ("credit --env webshop, its default split (with --seeds x)",
+                        ["-m", "tools.credit", "--env", "webshop", "--seeds", "x"])):
+        proc = run(argv)
+        outcome = verdict(proc, marker)
+        if "split" in last_line(proc.stderr):
+            outcome = "REFUSED ITS OWN SPLIT"
+        record("round five", name, argv[0].removesuffix(".py") if argv[0] != "-m" else argv[1], outcome,
+               last_line(proc.stderr)[:90])
+    own = work / "r5-own-value"
+    shutil.rmtree(own, ignore_errors=True)
+    shutil.copytree(base, own, symlinks=True)
+    for path in [own / "config.json", *own.glob("checkpoints/*/config.json")]:
+        json_edit(path, lambda c: {**c, "lr": -1.0})
+    proc = run(["train.py", "--resume", str(own), "--iterations", "3"])
+    outcome = verdict(proc, marker)
+    if outcome == "one-line error" and "config.json" not in last_line(proc.stderr):
+        outcome = "BLAMED A FLAG"
+    record("round five", "a checkpoint's own bad value", "resume", outcome, last_line(proc.stderr)[:90])
+    proc = subprocess.Popen([PY, "eval.py", "--env", "webshop", "--policy", "random", "--num-games", "40"], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    time.sleep(8)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    outcome = "finished first" if code == 0 else stop_verdict(code, err, 143)
+    if "train.py --resume" in err:
+        outcome = "TOLD TO RESUME TRAINING"
+    record("round five", "SIGTERM of an eval", "eval", outcome, last_line(err)[:90])
+
+
+SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4", "round5")
 OK = ("one-line error", "ok", "unchanged task", "identical resume", "finished first", "one-line stop", "ok (it fitted)",
-      "one refused, run intact", "one refused (the other had finished), run intact", "refused, run intact")
+      "one refused, run intact", "one refused (the other had finished), run intact", "refused, run intact",
+      "ok (not run)")
 
 
 def main() -> None:
@@ -714,6 +966,8 @@ def main() -> None:
         flags_section(work, marker, record)
     if "round4" in only:
         round_four(work, marker, record)
+    if "round5" in only:
+        round_five(work, marker, record)
     base = work / "base"
     if "folders" in only and not base.exists():
         tiny_run(base)
