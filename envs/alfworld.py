@@ -65,7 +65,7 @@ GAME_FIELDS = {"pddl_domain": str, "grammar": str, "pddl_problem": str, "solvabl
 
 def _load_json_object(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
     except RecursionError:

@@ -234,8 +234,8 @@ def write_games(games: list[dict], out: Path, stamp: str) -> None:
 
     from envs.alfworld import planner_plans, replay
 
-    domain = Path(alfworld.info.ALFRED_PDDL_PATH).read_text()
-    grammar = Path(alfworld.info.ALFRED_TWL2_PATH).read_text()
+    domain = Path(alfworld.info.ALFRED_PDDL_PATH).read_text(encoding="utf-8")
+    grammar = Path(alfworld.info.ALFRED_TWL2_PATH).read_text(encoding="utf-8")
     base = out / "json_2.1.1"
     if base.exists():
         shutil.rmtree(base)

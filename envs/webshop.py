@@ -65,7 +65,7 @@ def _read_json(path: Path, what: str):
     if not path.is_file():  # a folder, a FIFO (reading it would wait forever), a device
         raise DataError(f"{path} is not a regular file: WebShop's {what} data must be a JSON file")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
     except RecursionError:

@@ -328,7 +328,7 @@ def check_unedited(run_dir: Path, ckpt: Path, saved: dict) -> None:
     if not path.exists():
         return
     try:
-        edited = with_current_names(json.loads(path.read_text()))
+        edited = with_current_names(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         edited = None
     if not isinstance(edited, dict):

@@ -286,7 +286,8 @@ class UpdateLog:
 def last_samples(run_dir) -> list[dict]:
     """The sample trajectories of a run folder's last logged iteration (samples.jsonl)."""
     path = Path(run_dir) / "samples.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [r for r in records if r["iteration"] == records[-1]["iteration"]] if records else []
 
 

@@ -99,7 +99,7 @@ def machine_key(model: str) -> str:
 def read_cache(path: Path) -> dict:
     """The measurements kept so far; {} for a missing or damaged file (it is rewritten)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -585,6 +585,22 @@ def flags_section(work: Path, marker: Path, record) -> None:
         record("edge flags", name, argv[0].removesuffix(".py") if argv[0] != "-m" else argv[1], outcome, last)
 
 
+def frozen_worker(timeout: str, within: float) -> str:
+    """A frozen ALFWorld worker (SIGSTOP): the step returns within `within` seconds and only that worker's
+    episodes end as crashed. `timeout` is make_env's keyword as text ("" for the default)."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
+            f"env = make_env('alfworld', workers=2, {timeout}); env.reset(env.tasks('train')[:2])\n"
+            "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
+            "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"
+            "ok = out[0].info.get('env_crash') and not out[1].info.get('env_crash')\n"
+            f"ok = ok and time.time() - t < {within}; env.close(); sys.exit(0 if ok else 1)")
+    try:
+        proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    except subprocess.TimeoutExpired:
+        return "HANG"
+    return "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+
+
 def round_four(work: Path, marker: Path, record) -> None:
     """Resumes and evaluations under other data or env, branching, a removed lock file, outputs that cannot be
     written, paths too long, a frozen env worker."""
@@ -653,19 +669,7 @@ def round_four(work: Path, marker: Path, record) -> None:
                       ("run folder name of 300 bytes", str(work / ("n" * 300)))):
         proc = run(["train.py", *TINY_WEBSHOP, "--output-dir", out])
         record("round four", name, "train", verdict(proc, marker), (proc.stderr.strip().splitlines() or [""])[-1][:90])
-    # a frozen ALFWorld worker: the step returns within the timeout, that worker's episodes end as crashed
-    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
-            "env = make_env('alfworld', workers=2, timeout=10); env.reset(env.tasks('train')[:2])\n"
-            "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
-            "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"
-            "ok = out[0].info.get('env_crash') and not out[1].info.get('env_crash') and time.time() - t < 60\n"
-            "env.close(); sys.exit(0 if ok else 1)")
-    try:
-        proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
-        outcome = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        outcome = "HANG"
-    record("round four", "a SIGSTOPped env worker", "env", outcome)
+    record("round four", "a SIGSTOPped env worker", "env", frozen_worker("timeout=10", within=60))
 
 
 # ----------------------------------------------------------------------------- round five
@@ -756,10 +760,15 @@ def round_five(work: Path, marker: Path, record) -> None:
     outcome = "finished first" if code == 0 else stop_verdict(code, err, 129)
     record("round five", "SIGHUP mid-run", "train", outcome, last_line(err)[:90])
     # 3. a diverged policy
-    proc = run(["train.py", *TINY_WEBSHOP[:-2], "--lr", "1e30", "--output-dir", str(work / "r5-diverge")])
+    # (the stub env: its rewards differ within a group, so the first step has a gradient to overflow)
+    flags = [*STUB_FLAGS, "--output-dir", str(work / "r5-diverge")]
+    flags[flags.index("--lr") + 1] = "1e30"
+    proc = subprocess.run([PY, "-c", STUB_DRIVER, *flags], cwd=ROOT, text=True, env=ENV, capture_output=True,
+                          timeout=600)
     outcome = verdict(proc, marker)
     if outcome == "one-line error" and list((work / "r5-diverge").glob("checkpoints/iter-*")):
         outcome = "CHECKPOINTED A DIVERGED POLICY"
+    outcome = "DIVERGED UNSEEN" if outcome == "ok" else outcome
     record("round five", "--lr 1e30", "train", outcome, last_line(proc.stderr)[:90])
     bad = work / "r5-diverged-ckpt"
     shutil.rmtree(bad, ignore_errors=True)
@@ -779,7 +788,7 @@ def round_five(work: Path, marker: Path, record) -> None:
         record("round five", "as another user (not run: needs root and setpriv)", "eval", "ok (not run)")
     else:
         shared = Path(tempfile.mkdtemp(prefix="sweep-shared-"))
-        os.chmod(shared, 0o755)
+        os.chmod(shared, 0o777)  # nobody writes its --out here
         locked = shared / "run"
         shutil.copytree(base, locked, symlinks=True)
         subprocess.run(["chmod", "-R", "a+rX", str(locked)], check=True)
@@ -831,18 +840,7 @@ def round_five(work: Path, marker: Path, record) -> None:
     else:
         record("round five", "the model cache on a full file system (not run: no tmpfs)", "eval", "ok (not run)")
     # 5. a frozen worker at the defaults
-    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
-            "env = make_env('alfworld', workers=2); env.reset(env.tasks('train')[:2])\n"
-            "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
-            "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"
-            "ok = out[0].info.get('env_crash') and not out[1].info.get('env_crash') and time.time() - t < 45\n"
-            "env.close(); sys.exit(0 if ok else 1)")
-    try:
-        proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
-        outcome = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        outcome = "HANG"
-    record("round five", "a SIGSTOPped worker, the default timeout", "env", outcome)
+    record("round five", "a SIGSTOPped worker, the default timeout", "env", frozen_worker("", within=45))
     # 6. nothing changes silently; 7. messages
     short = work / "r5-short"
     if not short.exists():

@@ -387,18 +387,23 @@ def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
 
 
 def test_a_non_ascii_run_folder_under_the_c_locale(tmp_path):
-    """LC_ALL=C (ASCII, no UTF-8 coercion) and a run folder named données: the run, its resume and its plots
-    work (a UnicodeEncodeError traceback in checkpoint.py before)."""
+    """LC_ALL=C (ASCII, no UTF-8 coercion), a run folder named données and a sampled response that is not
+    ASCII: the run, its resume and its plots work (UnicodeEncodeError tracebacks in checkpoint.py and in
+    the plots' segments.html before)."""
     out = tmp_path / "données"
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "OMP_NUM_THREADS": "1"}
     argv = ["train.py", "--model", "tiny", "--preset", "none", "--env", "webshop", "--iterations", "1", "--groups", "1",
             "--group-size", "2", "--max-steps", "2", "--max-new-tokens", "6", "--lora-r", "4", "--lora-alpha", "8",
             "--eval-every", "0", "--hindsight", "expert", "--output-dir", str(out)]
     for command in (argv, ["train.py", "--resume", str(out), "--iterations", "2"], ["-m", "tools.plots", str(out)]):
+        if command[0] == "-m":  # logged text that is not ASCII (the tiny model samples U+FFFD tokens)
+            samples = out / "samples.jsonl"
+            samples.write_text(samples.read_text().replace('"task_id": "', '"task_id": "caf\\u00e9 \\ufffd'))
         done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, env=env,
                               timeout=300)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert (out / "checkpoints" / "iter-000002" / "README.md").is_file()
+    assert "café" in (out / "segments.html").read_text(encoding="utf-8")
 
 
 def test_a_full_disk_under_the_model_cache_falls_back_to_the_model_file(tmp_path, monkeypatch):

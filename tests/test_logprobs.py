@@ -26,6 +26,16 @@ RESPONSES = ["<think>the mug</think><action>take mug 1 from countertop 1</action
 BLOCKS = ["1. go to countertop 1\n2. take mug 1 from countertop 1", "1. look", "1. go to cabinet 1\n2. open cabinet 1\n3. look"]
 
 
+def tiny_with_lora(seed):
+    """The tiny model with a LoRA that is not zero, so the adapter's path is in the comparison too."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return model.eval(), tok
+
+
 def rows_and_teacher_rows(tok):
     responses = [tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in RESPONSES]
     rows = [build_row(tok, m, r) for m, r in zip(CONTEXTS, responses)]
@@ -38,12 +48,7 @@ def test_cached_logprobs_equal_a_plain_forward_over_the_full_rows(micro_batch_ro
     """Student and teacher log-probs from one pass over the shared context (left-padded rows of
     different lengths, the teacher continuing from the cache) equal the plain forward over each
     full row, float32, atol 1e-4; rows left out stay 0."""
-    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1)
-    with torch.no_grad():  # a LoRA that is not zero, so the adapter's path is in the comparison too
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    model.eval()
+    model, tok = tiny_with_lora(seed=1)
     rows, teacher_rows = rows_and_teacher_rows(tok)
     T = max(len(r.response_ids) for r in rows)
     student = torch.tensor([True, True, True])
@@ -109,12 +114,7 @@ def test_plain_and_fast_logprobs_are_equal():
     tenfold in length (the fast pass left-pads the short ones by hundreds of tokens), rows left out
     of the student pass, rows without a teacher row and rows with one that is not asked for. The
     update's pass (with gradient) gives the same values and the same gradients."""
-    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=2)
-    with torch.no_grad():  # a LoRA that is not zero, so the adapter's path is in the comparison too
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    model.eval()
+    model, tok = tiny_with_lora(seed=2)
     long_history = [{"role": "user", "content": f"You arrive at cabinet {k}. The cabinet {k} is closed."}
                     if k % 2 else {"role": "assistant", "content": f"<action>go to cabinet {k}</action>"}
                     for k in range(1, 40)]

@@ -227,7 +227,7 @@ def in_loop_evaluations(run: Path, split: str = "*") -> dict[int, dict]:
     """A run's in-loop evaluation records on `split` (eval_<env>_<split>_iter-N.json, eval.py's
     format), by iteration, in order of iteration."""
     paths = {int(p.stem.rsplit("-", 1)[1]): p for p in run.glob(f"eval_*_{split}_iter-*.json")}
-    return {it: json.loads(paths[it].read_text()) for it in sorted(paths)}
+    return {it: json.loads(paths[it].read_text(encoding="utf-8")) for it in sorted(paths)}
 
 
 def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) -> list[tuple[int, float, float]]:
@@ -411,14 +411,15 @@ def evaluated_iteration(path: Path) -> int | None:
     """The training iteration of the checkpoint an eval.py result evaluated (None: no such file or no checkpoint)."""
     if not path.is_file():
         return None
-    found = re.search(r"iter-(\d+)", json.loads(path.read_text()).get("config", {}).get("checkpoint") or "")
+    config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
+    found = re.search(r"iter-(\d+)", config.get("checkpoint") or "")
     return int(found.group(1)) if found else None
 
 
 def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs") -> Path | None:
     """The run's own evaluation of `iteration` on `split`, when it used the limits --eval-* asks for."""
     for path in run.glob(f"eval_*_{split}_iter-{iteration:06d}.json"):
-        config = json.loads(path.read_text()).get("config", {})
+        config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
         if config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens:
             return path
     return None
@@ -443,7 +444,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
     first = next((run for run in runs_of.values() if (run / "config.json").is_file()), None)
     if first is None:
         return {}
-    config = json.loads((first / "config.json").read_text())
+    config = json.loads((first / "config.json").read_text(encoding="utf-8"))
     common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
     jobs = {"start": (out / f"eval_start_{split}{tag}.json", ["--model", config["model"]]  # in the runs' precision:
                       + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
@@ -465,7 +466,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
             subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
                            stdout=subprocess.DEVNULL)
         if path.is_file():
-            results[key] = json.loads(path.read_text())
+            results[key] = json.loads(path.read_text(encoding="utf-8"))
     return results if "start" in results else {}
 
 
@@ -540,14 +541,14 @@ def main(argv: list[str] | None = None) -> dict:
     extra = {}
     if args.eval_split:
         greedy_start = out / f"eval_start_{args.eval_split}.json"  # the in-loop curves are greedy: so is their start
-        start = json.loads(greedy_start.read_text())["success"] if greedy_start.is_file() else None
+        start = json.loads(greedy_start.read_text(encoding="utf-8"))["success"] if greedy_start.is_file() else None
         curves = {a: [eval_curve(runs_of[(a, s)], args.eval_split, runs[a][s], start) for s in seeds if runs[a][s]]
                   for a in algos}
         if any(len(c) > 1 for runs_c in curves.values() for c in runs_c):
             learning_png(runs, curves, out / "learning.png")
             extra = {"held_out_curves": {a: [[list(p) for p in c] for c in cs] for a, cs in curves.items()},
                      "reach_vs_grpo": reach_ratio(curves)}
-    (out / "summary.md").write_text(markdown_table(table))
+    (out / "summary.md").write_text(markdown_table(table), encoding="utf-8")
     (out / "summary.json").write_text(json.dumps({"train_flags": train_flags, "algos": algos, "seeds": seeds,
                                                   "final_window": args.final_window, "eval_split": args.eval_split,
                                                   "eval_max_steps": args.eval_max_steps,

@@ -224,14 +224,15 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
     eps = 0.2
     if (run / "config.json").exists():
         try:
-            eps = num(with_current_names(json.loads((run / "config.json").read_text())).get("eps_m", 0.2))
+            config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+            eps = num(with_current_names(config).get("eps_m", 0.2))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
             raise UserError(f"{run / 'config.json'} is not a JSON object of train.py flags") from None
         if not 0 < eps < 1:
             eps = 0.2
     out = {name: run / name for name in ("segments.html", "segments.png", "curves.png", "per_type.png")}
     try:
-        out["segments.html"].write_text(segments_html(samples, eps))
+        out["segments.html"].write_text(segments_html(samples, eps), encoding="utf-8")
         segments_png(samples, eps, out["segments.png"])
         curves_png(metrics, out["curves.png"])
         per_type_png(metrics, out["per_type.png"])

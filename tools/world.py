@@ -241,7 +241,7 @@ def decompose_samples(paths: list[str]) -> dict:
     mults, traj, positive = [], [], 0
     for path in paths:
         try:
-            lines = Path(path).read_text().splitlines()
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as err:
             raise UserError(f"cannot read {path}: {err.strerror or err}") from None
         for line in lines:
