@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.data_dir is None and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]  # the data it trained on, held-out splits and all
         played = {k: trained.get(k) for k in PLAYED_AS_TRAINED if getattr(args, k) is None}
-        for k, v in played.items():  # the run's own setting, where none is given: what it trained on
+        for k, v in played.items():  # where no flag is given: the setting the run trained with
             setattr(args, k, v)
         if played:
             print(f"playing as {run_dir_of(ckpt)} trained: " + ", ".join(

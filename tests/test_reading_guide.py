@@ -1,6 +1,7 @@
 """The reading guide (docs/reading-guide.md) and the exercises' README name only what exists:
 every file, every function or class at its line (`file.py:LINE name`; a drifted line fails),
-`module.name`, every notebook cell (`NN § heading`) and every METHOD.md section."""
+`module.name`, every notebook cell (`NN § heading`) and every METHOD.md section; and the five
+pipeline files a reader opens first have no line over 100 characters."""
 import ast
 import json
 import re
@@ -59,3 +60,12 @@ def test_every_reference_in_the_reading_guides_exists():
             assert n in sections, f"{guide.name}: METHOD.md section {n}"
             checked += 1
     assert checked >= 40
+
+
+def test_the_five_pipeline_files_have_no_line_over_100_characters():
+    """What a reader opens first reads without scrolling sideways: no line of segments.py, advantage.py,
+    rollout.py, train.py or eval.py is over 100 characters (the [speed] and infra files may be wider)."""
+    long = [f"{name}:{k} ({len(line)})" for name in ("segments.py", "advantage.py", "rollout.py", "train.py",
+                                                     "eval.py")
+            for k, line in enumerate((ROOT / name).read_text().splitlines(), start=1) if len(line) > 100]
+    assert not long, f"lines over 100 characters: {', '.join(long)}"
