@@ -10,8 +10,8 @@ import torch
 pytest.importorskip("vllm", reason="the vLLM extra is installed apart: bash vllm_rollout/install_vllm.sh")
 
 from infra.models import load_policy
-from rollout import generation_prompt_ids, rows_logprobs  # noqa: E402
-from segments import build_row  # noqa: E402
+from segments import build_row, generation_prompt_ids  # noqa: E402
+from speed import rows_logprobs  # noqa: E402  (the trainer's default path)
 from vllm_rollout.policy import VLLMPolicy  # noqa: E402
 
 torch.set_num_threads(1)
