@@ -61,8 +61,15 @@ def stop_line(how: "bool | Terminated", what: str) -> tuple[str, int]:
     return f"{'terminated (SIGTERM)' if how else 'interrupted'}: {what}", 143 if how else 130
 
 
+def stop_of(signum) -> KeyboardInterrupt:
+    """What a stop signal becomes: Ctrl-C's KeyboardInterrupt, or a Terminated (SIGTERM, SIGHUP)."""
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt()
+    return Terminated() if signum == signal.SIGTERM else Terminated("hung up (SIGHUP)", 129)
+
+
 def _raise_terminated(signum, frame):
-    raise Terminated() if signum == signal.SIGTERM else Terminated("hung up (SIGHUP)", 129)
+    raise stop_of(signum)
 
 
 def catch_sigterm() -> None:
@@ -87,8 +94,9 @@ def _stop_while_starting(signum, frame):
     """Exit at once, without unwinding: an exception raised inside a third-party import can leave
     that library half-imported and fail again on the way out (numpy did, with a RecursionError),
     and nothing has been written yet that unwinding would have to finish."""
-    how = False if signum == signal.SIGINT else (True if signum == signal.SIGTERM else Terminated("hung up (SIGHUP)", 129))
-    line, code = stop_line(how, "stopped while starting, before anything was written")
+    stop = stop_of(signum)
+    line, code = stop_line(stop if isinstance(stop, Terminated) else False,
+                           "stopped while starting, before anything was written")
     print(line, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(code)
@@ -118,9 +126,7 @@ def signals_deferred():
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
     if held:
-        if held[0] == signal.SIGINT:
-            raise KeyboardInterrupt()
-        _raise_terminated(held[0], None)
+        raise stop_of(held[0])
 
 
 # ----------------------------------------------------------------------------- file-system refusals
