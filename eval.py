@@ -96,7 +96,8 @@ class EvalArgs:
     """JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder"""
 
 
-PLAYED_AS_TRAINED = ("history", "max_steps", "max_new_tokens")  # a checkpoint's, unless given
+# where no flag is given: a --checkpoint's own setting, else these (max_steps 0: the env's default)
+PLAYED_AS_TRAINED = {"history": "2", "max_steps": 0, "max_new_tokens": 256}
 
 
 # ------------------------------------------------------------------ baseline policies
@@ -220,7 +221,7 @@ def check_args(args: EvalArgs) -> None:
     problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
     try:
-        history_length(args.history or "2")
+        history_length(args.history or PLAYED_AS_TRAINED["history"])
     except ValueError as err:
         problems.append(str(err))
     if args.checkpoint and args.policy != "model":
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"playing as {run_dir_of(ckpt)} trained: " + ", ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in played.items()))
     args.env = args.env or "alfworld"
-    for key, default in (("history", "2"), ("max_steps", 0), ("max_new_tokens", 256)):
+    for key, default in PLAYED_AS_TRAINED.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
     history_len = history_length(args.history)
