@@ -286,7 +286,7 @@ def read_config(ckpt: Path) -> dict:
 
 def read_iteration(ckpt: Path) -> int:
     state = read_json(ckpt / STATE, "the checkpoint's iteration")
-    if not isinstance(state.get("iteration"), int) or isinstance(state.get("iteration"), bool) or state["iteration"] < 0:
+    if not is_iteration(state.get("iteration")):
         raise UserError(f"{ckpt / STATE}: 'iteration' must be a non-negative integer")
     named = checkpoint_number(ckpt)
     if named is not None and named != state["iteration"]:
@@ -697,8 +697,8 @@ def check_finite_parameters(model, where) -> None:
 def go_back(ckpt) -> str:
     """Which checkpoint to go back to from a damaged or diverged one, and how."""
     ckpt = Path(ckpt)
-    earlier = [c for c in run_checkpoints(run_dir_of(ckpt)) if checkpoint_number(c) != checkpoint_number(ckpt)
-               and (checkpoint_number(c) or 0) < (checkpoint_number(ckpt) or 0)]
+    earlier = [c for c in run_checkpoints(run_dir_of(ckpt))  # each has a number: iter-N
+               if checkpoint_number(c) < (checkpoint_number(ckpt) or 0)]
     if not earlier:
         return "no earlier checkpoint of the run is left: start the run again (a smaller --lr, if it diverged)"
     return (f"go back to {earlier[-1]}: python train.py --resume {earlier[-1]} --output-dir NEW_FOLDER "
