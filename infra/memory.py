@@ -224,8 +224,12 @@ def card_table() -> str:
 
 def shape_of(name: str) -> Shape | None:
     """The shape of a model by name: the planned Qwen shapes, else its local config (None if unreadable)."""
-    if name in QWEN:
-        return QWEN[name]
+    return QWEN[name] if name in QWEN else local_shape(name)
+
+
+def local_shape(name: str) -> Shape | None:
+    """The shape in a model's config.json as found on this machine, without the network (None when
+    there is none, or it is not a Qwen2 / Llama-style config)."""
     try:
         from transformers import AutoConfig  # deferred: only a model outside the table needs it
 

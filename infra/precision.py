@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from errors import UserError
+from infra import memory
 
 AUTO_CHOSEN: dict[str, dict] = {}  # model -> the record --dtype auto was resolved from in this process
 SMOLLM2_SHAPE = (576, 1536)  # hidden and MLP sizes of the embedded SmolLM2-135M
@@ -70,15 +71,9 @@ def mlp_seconds(hidden: int, intermediate: int, bf16: bool, tokens: int = 1024, 
 def model_shape(model: str) -> tuple[int, int]:
     """(hidden, intermediate) of the model, from its config; the embedded model's own sizes where a
     config cannot be read without the network."""
-    if model == "smollm2":
-        return SMOLLM2_SHAPE
-    try:
-        from transformers import AutoConfig  # deferred: only a model named by path or id needs it
-
-        config = AutoConfig.from_pretrained(model, trust_remote_code=False, local_files_only=True)
-        return int(config.hidden_size), int(config.intermediate_size)
-    except Exception:  # no local config (a hub id not yet downloaded) or an odd one: the embedded shape
-        return SMOLLM2_SHAPE
+    shape = None if model == "smollm2" else memory.local_shape(model)
+    # no local config (a hub id not yet downloaded) or an odd one: the embedded shape
+    return SMOLLM2_SHAPE if shape is None else (shape.hidden, shape.intermediate)
 
 
 def cache_file() -> Path:
