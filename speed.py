@@ -346,7 +346,7 @@ def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int)
     Lp = max(n)
     Lr = max(len(p) - n[c] for p, c in zip(prompts, cluster_of))
     heads = torch.full((len(n), Lp), pad_id, dtype=torch.long)  # (U, Lp) the prefixes, left-padded
-    for c, p in enumerate(next(p for p, k in zip(prompts, cluster_of) if k == c) for c in range(len(n))):
+    for p, c in zip(prompts, cluster_of):  # every member's first n[c] ids are its cluster's prefix
         heads[c, Lp - n[c] :] = torch.tensor(p[: n[c]])
     head_mask = (torch.arange(Lp)[None, :] >= (Lp - torch.tensor(n))[:, None]).long()  # (U, Lp) 1 = real
     ids = torch.full((len(prompts), Lp + Lr), pad_id, dtype=torch.long)  # (B, L)
