@@ -9,20 +9,14 @@ Equations (METHOD.md; each line that implements one carries its tag):
   (Eq. 6) L_pg     = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) ),
                      r = exp(logp_new - logp_old)
   (Eq. 7) L_kl     = token_mean( k3(logp_ref, logp_new) )
-Baselines, one argument apart (METHOD.md section 6): GRPO = lam 0; RLSD = the multiplier per token
-(Eq. 8); StepOPSD = 2 * sigmoid(.) in place of exp(.) (Eq. 9); SDAR = GRPO's advantage plus a
-gated term in the loss (Eq. 10); GiGPO, without a teacher, compares discounted step returns
-within step groups (Eq. 11-13).
+GRPO is lam = 0. `SHARPO` below is the algorithm train.py's stages call; the baselines
+(baselines.py) subclass it.
 
-Shapes: N trajectories; B training rows, one per environment step, so one segment a row (its
-response); T response-token positions. `response_mask` (B, T) bool is True on a row's response
-tokens (the segment), False on padding. Rows holding several segments (verl's per-trajectory
-layout) are verl_bridge/'s concern; it calls these same functions per segment.
+Shapes: N trajectories; B training rows, one per step, one segment each; T response positions.
+`response_mask` (B, T) bool is True on a row's response tokens (its segment).
 
-Deviations from the paper: the paper's text is not available (abstract only). The forms
-above follow METHOD.md, which builds them from RLSD / StepOPSD / SDAR / OPSD. A one-member
-group gets A = 0 (verl returns its raw reward); a group whose rewards are all equal gets
-exactly 0 (checked with max == min, not left to floating-point rounding).
+Deviations: the forms above are METHOD.md's (the paper's text is not available). A one-member
+group gets A = 0 (verl: its raw reward); all-equal rewards give exactly 0 (max == min).
 """
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ def grpo_advantages(
     """Group-relative advantage A_i of each trajectory (Eq. 1). Exercise 1.
 
     rewards (N,) float, group_ids (N,) long (any labels). Returns (N,) in rewards' dtype.
-    norm_by_std=False gives R_i - mean (Dr. GRPO, GiGPO's `mean` norm). One-member groups and
-    groups with all-equal rewards give exactly 0.
+    norm_by_std=False gives R_i - mean (GiGPO's `mean` norm). One-member and all-equal groups: 0.
     """
     r = rewards.double()  # (N,) float64: the group statistics are exact enough to test by hand
     _, g = torch.unique(group_ids, return_inverse=True)  # (N,) group index 0..num_groups-1
@@ -56,13 +49,19 @@ def grpo_advantages(
     return torch.where(has_spread, adv, torch.zeros_like(adv)).to(rewards.dtype)  # (N,)
 
 
+def row_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, traj: torch.Tensor,
+                   episode_stats: str = "trajectory", norm_by_std: bool = True) -> torch.Tensor:
+    """A_i of each training row, (B,) (Eq. 1). rewards, group_ids (N,); traj (B,) each row's
+    trajectory. The group's statistics over its trajectories, or ("step") over its step rows."""
+    if episode_stats == "trajectory":
+        return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std)[traj]  # (B,)
+    return grpo_advantages(rewards[traj], group_ids[traj], norm_by_std=norm_by_std)  # (B,)
+
+
 def shuffled_within_groups(rewards: torch.Tensor, group_ids: torch.Tensor,
                            generator: torch.Generator) -> torch.Tensor:
-    """A control, not a method (--shuffle-rewards): each group's rewards permuted among its members.
-
-    Every group keeps its rewards, so its advantages and the update's size stay what they were;
-    which episode gets which reward becomes chance, so what the update teaches is cut from what was
-    done. rewards (N,), group_ids (N,). Returns (N,)."""
+    """The placebo, not a method (--shuffle-rewards): each group's rewards permuted among its
+    members; the update's size stays, what it teaches is cut from what was done. (N,) -> (N,)."""
     out = rewards.clone()  # (N,)
     for g in torch.unique(group_ids):
         members = (group_ids == g).nonzero().squeeze(1)  # (n_g,)
@@ -76,10 +75,8 @@ def segment_gap(logp_teacher: torch.Tensor, logp_student: torch.Tensor, response
     """The segment gap g of each row: the mean teacher-student log-prob gap over its response
     (Eq. 2-3). Exercise 2.
 
-    logp_teacher, logp_student (B, T): log-probs of the sampled tokens; response_mask (B, T) bool:
-    True on the row's response tokens. gap_mask (B, T) bool, optional: only those tokens enter the
-    mean (StepOPSD's action-only filter, --gap-tokens action). A row with no counted token gives 0.
-    No gradient reaches the teacher or the student through the gap. Returns (B,).
+    logp_teacher, logp_student (B, T); response_mask (B, T) bool; gap_mask (B, T) bool, optional:
+    only those tokens count (--gap-tokens action). No gradient flows through the gap. (B,).
     """
     counted = response_mask if gap_mask is None else response_mask & gap_mask  # (B, T)
     delta = (logp_teacher - logp_student).detach()  # (B, T) delta_t                    (Eq. 2)
@@ -88,27 +85,22 @@ def segment_gap(logp_teacher: torch.Tensor, logp_student: torch.Tensor, response
 
 
 def bounded(z: torch.Tensor, eps_m: float, shape: str = "exp") -> torch.Tensor:
-    """clip(f(z), 1 - eps_m, 1 + eps_m), f = exp (SHARPO, RLSD; Eq. 4, 8) or 2 * sigmoid
-    (StepOPSD; Eq. 9)."""
-    if shape == "exp":
-        m = torch.exp(z)
-    elif shape == "sigmoid":
-        m = 2.0 * torch.sigmoid(z)
-    else:
+    """clip(f(z), 1 - eps_m, 1 + eps_m), f = exp (Eq. 4) or 2 * sigmoid (StepOPSD, baselines.py)."""
+    if shape not in ("exp", "sigmoid"):
         raise ValueError(f"shape must be 'exp' or 'sigmoid'; got {shape!r}")
+    m = torch.exp(z) if shape == "exp" else 2.0 * torch.sigmoid(z)
     return m.clamp(1.0 - eps_m, 1.0 + eps_m)
 
 
 def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, eps_m: float = 0.2,
                         shape: str = "exp") -> torch.Tensor:
-    """m = clip(exp(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment (Eq. 4; shape="sigmoid":
-    Eq. 9). adv and gaps of the same shape ((B,) here; (B, S) in the verl bridge)."""
+    """m = clip(exp(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment (Eq. 4). adv and gaps of
+    the same shape ((B,) here; (B, S) in the verl bridge)."""
     return bounded(torch.sign(adv) * gaps, eps_m, shape)  # m                           (Eq. 4)
 
 
 def check_mixing(lam: float, eps_m: float) -> None:
-    """The one check of lam and eps_m (train.py's flags go through it too): 0 <= lam <= 1 and
-    0 < eps_m < 1 (section 4), else a ValueError that names the bad one."""
+    """0 <= lam <= 1 and 0 < eps_m < 1 (section 4), else a ValueError naming the bad one."""
     if not 0.0 <= lam <= 1.0:  # a nan fails too
         raise ValueError(f"lam (--lam) must be in [0, 1] (0 = plain GRPO, 1 = the multiplier "
                          f"alone); got {lam}")
@@ -119,11 +111,9 @@ def check_mixing(lam: float, eps_m: float) -> None:
 def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor,
         lam: float) -> torch.Tensor:
     """Ahat = A * ((1 - lam) + lam * m) on response tokens, 0 elsewhere (Eq. 5).
-
-    adv (B,), token_mult (B, T): the multiplier each token gets, response_mask (B, T).
-    Returns (B, T)."""
+    adv (B,), token_mult (B, T): the multiplier each token gets, response_mask (B, T)."""
     token_adv = adv[:, None] * ((1.0 - lam) + lam * token_mult)  # (B, T) Ahat            (Eq. 5)
-    return torch.where(response_mask, token_adv, torch.zeros_like(token_adv))  # (B, T) 0 off it
+    return torch.where(response_mask, token_adv, torch.zeros_like(token_adv))  # (B, T)
 
 
 def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor,
@@ -132,131 +122,90 @@ def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch
     """SHARPO's credit: each segment's bounded multiplier m_i, and the token advantage
     A_i * ((1 - lam) + lam * m_i) on every token of the row's segment (Eq. 4-5). Exercise 3.
 
-    adv (B,) each row's trajectory advantage A_i; gaps (B,) each row's segment gap g_i;
-    response_mask (B, T) bool. eps_m is the multiplier's bound, not PPO's clip; shape
-    "sigmoid" is StepOPSD's 2 * sigmoid. Returns (Ahat (B, T), 0 off the segment; m (B,)).
-    lam = 0 is GRPO.
+    adv (B,) A_i; gaps (B,) g_i; response_mask (B, T) bool; eps_m: the multiplier's bound, not
+    PPO's clip. Returns (Ahat (B, T), 0 off the segment; m (B,)).
     """
     check_mixing(lam, eps_m)
     m = segment_multipliers(adv, gaps, eps_m, shape)  # (B,) one multiplier a segment     (Eq. 4)
     return mix(adv, m[:, None].expand_as(response_mask), response_mask, lam), m  #      (Eq. 5)
 
 
-def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     eps_m: float = 0.2) -> torch.Tensor:
-    """RLSD's multiplier, one per token: m_t = clip(exp(sign(A_i) * delta_t), 1 - eps_m, 1 + eps_m)
-    (Eq. 8). (B, T)."""
-    delta = (logp_teacher - logp_student).detach()  # (B, T)                              (Eq. 2)
-    return bounded(torch.sign(adv)[:, None] * delta, eps_m)  # (B, T)                   (Eq. 8)
-
-
-def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                          response_mask: torch.Tensor, lam: float = 0.5,
-                          eps_m: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8.
-    Returns (Ahat (B, T), 0 off the segment; m_t (B, T))."""
-    check_mixing(lam, eps_m)
-    m = rlsd_multipliers(adv, logp_teacher, logp_student, eps_m)  # (B, T)                (Eq. 8)
-    return mix(adv, m, response_mask, lam), m  # (B, T), (B, T)                           (Eq. 5)
-
-
-# ------------------------------------------------------------------ GiGPO (METHOD.md section 6)
-def discounted_returns(rewards: torch.Tensor, traj_ids: torch.Tensor, gamma: float) -> torch.Tensor:
-    """R_t = sum_{k >= t} gamma^(k - t) r_k within each trajectory (Eq. 11).
-
-    rewards (B,) step rewards, traj_ids (B,) the trajectory of each row; rows of one trajectory
-    are contiguous and in step order. Returns (B,) in rewards' dtype.
-    """
-    out = torch.zeros_like(rewards)  # (B,)
-    running = 0.0
-    for b in range(len(rewards) - 1, -1, -1):  # backwards: R_t = r_t + gamma * R_{t+1}  (Eq. 11)
-        if b == len(rewards) - 1 or traj_ids[b] != traj_ids[b + 1]:
-            running = 0.0  # the last step of a trajectory
-        running = float(rewards[b]) + gamma * running
-        out[b] = running
-    return out
-
-
-def anchor_groups(group_ids: list[int], anchors: list[str]) -> torch.Tensor:
-    """Step groups: rows of one episode group whose anchor state (the observation they acted
-    from) is the same text. Returns (B,) long ids, equal for rows of one step group."""
-    index: dict[tuple[int, str], int] = {}
-    ids = [index.setdefault((g, a), len(index)) for g, a in zip(group_ids, anchors)]
-    return torch.tensor(ids)  # (B,)
-
-
-def gigpo_step_advantages(step_rewards: torch.Tensor, traj_ids: torch.Tensor, group_ids: list[int],
-                          anchors: list[str], gamma: float,
-                          norm_by_std: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """GiGPO's step advantage of every row: discounted returns compared within step groups
-    (Eq. 11-12). Exercise 6.
-
-    step_rewards (B,), traj_ids (B,) (rows of a trajectory contiguous, in step order), group_ids
-    and anchors one per row. Returns (step advantages (B,) float32, step-group ids (B,) long).
-    """
-    returns = discounted_returns(step_rewards.double(), traj_ids, gamma)  # (B,) R_t      (Eq. 11)
-    step_groups = anchor_groups(group_ids, anchors)  # (B,)
-    step_adv = grpo_advantages(returns, step_groups, norm_by_std=norm_by_std)  # (B,)     (Eq. 12)
-    return step_adv.float(), step_groups
-
-
-def gigpo_token_advantages(adv: torch.Tensor, step_adv: torch.Tensor, response_mask: torch.Tensor,
-                           omega: float = 1.0) -> torch.Tensor:
-    """GiGPO's token advantage A_i + omega * A_step of each row, constant over its segment, 0
-    elsewhere (Eq. 13).
-
-    adv (B,) the episode advantage of each row's trajectory; step_adv (B,) each row's step
-    advantage; response_mask (B, T). Returns (B, T).
-    """
-    row_adv = adv + omega * step_adv  # (B,)                                             (Eq. 13)
-    zero = torch.zeros((), dtype=adv.dtype)
-    return torch.where(response_mask, row_adv[:, None].to(adv.dtype), zero)  # (B, T)
-
-
-# ------------------------------------------------------------------ the algorithms, one table
-@dataclass(frozen=True)
-class Algorithm:
-    """How one --algo uses the functions above (METHOD.md sections 4 and 6)."""
-
-    granularity: str  # "segment": one multiplier per segment; "token": one per token (RLSD)
-    shape: str  # f in m = clip(f(sign(A) * g)): "exp" (SHARPO, RLSD), "sigmoid" (StepOPSD)
-    mixes: bool  # Ahat = A * ((1 - lam) + lam * m); False: lam = 0, the advantage is GRPO's
-    teacher: bool  # needs the hindsight teacher's log-probs (a teacher pass)
-    sdar: bool  # the loss carries SDAR's gated self-distillation term
-    step_groups: bool  # GiGPO: Ahat = A_i + omega * A_step, from the step groups; no teacher
-
-
-ALGORITHMS = {
-    "sharpo": Algorithm("segment", "exp", mixes=True, teacher=True, sdar=False, step_groups=False),
-    "grpo": Algorithm("segment", "exp", mixes=False, teacher=False, sdar=False, step_groups=False),
-    "rlsd": Algorithm("token", "exp", mixes=True, teacher=True, sdar=False, step_groups=False),
-    "stepopsd": Algorithm("segment", "sigmoid", mixes=True, teacher=True, sdar=False,
-                          step_groups=False),
-    "sdar": Algorithm("segment", "exp", mixes=False, teacher=True, sdar=True, step_groups=False),
-    "gigpo": Algorithm("segment", "exp", mixes=False, teacher=False, sdar=False, step_groups=True),
-}
-
-
-def moving_rows(algo: str, adv: torch.Tensor, step_adv: torch.Tensor | None = None,
-                omega: float = 1.0) -> torch.Tensor:
-    """(B,) bool: the rows whose Ahat can differ from 0, known from the rewards alone (section 4).
-
-    Ahat = A_i * ((1 - lam) + lam * m) with m > 0 is exactly 0 when A_i = 0, whatever the teacher
-    says; GiGPO's Ahat is A_i + omega * A_step. The policy-gradient term of any other row is 0."""
-    if ALGORITHMS[algo].step_groups:
-        return (adv + omega * step_adv) != 0
-    return adv != 0
-
-
-def needed_rows(algo: str, moves: torch.Tensor, has_hindsight: torch.Tensor,
-                kl: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(trained, taught), (B,) bool each: the rows the student pass and the update must read, and
-    the rows the teacher must score (section 4). A row whose Ahat is 0 adds exactly 0 to the
-    policy gradient; only a KL term (kl) or SDAR's term reads it. moves (B,): moving_rows."""
-    spec = ALGORITHMS[algo]
-    trained = moves | (kl or spec.sdar)  # (B,) a KL or SDAR term reads rows whose Ahat is 0 too
-    taught = has_hindsight & (trained if spec.sdar else moves) & spec.teacher  # (B,)
+# ------------------------------------------------------------------ the rows each pass reads
+def needed_rows(moves: torch.Tensor, has_hindsight: torch.Tensor, kl: bool, teacher: bool = True,
+                reads_every_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trained, taught), (B,) bool each: the rows the student pass and the update read, and the
+    rows the teacher scores (section 4). moves (B,): the rows whose Ahat can be != 0. A row whose
+    Ahat is 0 adds exactly 0 to the policy gradient: it sits out unless a KL term or the
+    algorithm's own (reads_every_row) reads it."""
+    trained = moves | (kl or reads_every_row)  # (B,)
+    taught = has_hindsight & (trained if reads_every_row else moves) & teacher  # (B,)
     return trained, taught
+
+
+@dataclass
+class Advantages:
+    """Stage 3: the direction of each row, from the rewards alone, and the rows stages 4-6 read:
+    `trained`, rows with A != 0 (every row with --kl-coef > 0); `taught`, those with hindsight."""
+
+    row: torch.Tensor  # (B,) A_i of each row's trajectory (Eq. 1)
+    trained: torch.Tensor  # (B,) bool: the rows the student pass and the update read
+    taught: torch.Tensor  # (B,) bool: the rows the teacher pass scores
+    step: torch.Tensor | None = None  # (B,) GiGPO's step advantage (baselines.py); None here
+    step_groups: torch.Tensor | None = None  # (B,) long: GiGPO's step groups; None here
+
+
+@dataclass
+class Credit:
+    """Stage 5: the size of each row's update, from the teacher's gap."""
+
+    token_adv: torch.Tensor  # (B, T) Ahat, 0 off the segment (Eq. 5)
+    gaps: torch.Tensor  # (B,) the segment gap g of each row (Eq. 3)
+    mults: torch.Tensor | None  # (B,) the multiplier Ahat applied (Eq. 4); None: none (GRPO)
+
+
+# ------------------------------------------------------------------ the algorithm train.py runs
+class SHARPO:
+    """--algo sharpo: the method's answers to train.py's stages 3, 5 and 6. GRPO below and the
+    baselines (baselines.py) subclass it."""
+
+    mixes = True  # Ahat = A * ((1 - lam) + lam * m); False: Ahat = A, and no multiplier is logged
+    shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)
+    per_token = False  # one multiplier a segment (RLSD's is per token)
+    reads_every_row = False  # a loss term of its own reads rows whose Ahat is 0 (SDAR's)
+    loss_names: tuple[str, ...] = ()  # the terms loss_terms adds (SDAR's "sdar_loss")
+
+    def uses_teacher(self, args) -> bool:
+        """Whether the teacher pass runs: only where the multiplier can change Ahat (lam > 0)."""
+        return args.lam > 0
+
+    def advantages(self, rewards: torch.Tensor, groups: torch.Tensor, rows, args) -> Advantages:
+        """Stage 3: A_i of each row from the rewards (N,) and groups (N,) alone (Eq. 1), and the
+        rows stages 4-6 read: the teacher is asked only where A_i != 0 (section 4)."""
+        adv = row_advantages(rewards, groups, rows.traj, args.episode_stats)  # (B,)   (Eq. 1)
+        trained, taught = needed_rows(adv != 0, rows.has_hindsight, args.kl_coef > 0,
+                                      self.uses_teacher(args), self.reads_every_row)
+        return Advantages(adv, trained, taught)
+
+    def credit(self, adv: Advantages, logp, rows, args) -> Credit:
+        """Stage 5: each segment's gap g (Eq. 2-3) and multiplier m (Eq. 4), and Ahat (Eq. 5)."""
+        gaps = segment_gap(logp.teacher, logp.student, rows.response_mask, rows.gap_mask)  # (B,)
+        lam = args.lam if self.mixes else 0.0  # GRPO: Ahat = A
+        token_adv, m = token_advantages(adv.row, gaps, rows.response_mask, lam, args.eps_m,
+                                        self.shape)  # (B, T), (B,)                  (Eq. 4-5)
+        return Credit(token_adv, gaps, m if self.mixes else None)
+
+    def loss_terms(self, logp_new, logp_old, part, rows, logp, counts, args) -> dict:
+        """Stage 6: terms added to PPO's loss, {name: (weight, term)}: none (SDAR adds one)."""
+        return {}
+
+
+class GRPO(SHARPO):
+    """--algo grpo: lam = 0, the group advantage on every token; no teacher pass at all."""
+
+    mixes = False
+
+    def uses_teacher(self, args) -> bool:
+        return False
 
 
 # ------------------------------------------------------------------ the loss (METHOD.md section 5)
@@ -264,13 +213,10 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch
                 mask: torch.Tensor, num_tokens: int | float, ppo_clip: float = 0.2) -> torch.Tensor:
     """PPO-clip on token advantages, token-mean over the whole minibatch (Eq. 6). Exercise 4.
 
-    logp_new (b, T): the policy being trained (the gradient flows here); logp_old (b, T): the same
-    tokens before the update (PPO's "old" log-probs: logp_student, or logp_new itself on an
-    iteration's first step, section 5); token_adv (b, T): Ahat; mask (b, T) bool: True = a trained
-    token. These b rows are one micro-batch; num_tokens counts the trained tokens of the *whole*
-    minibatch, so the micro-batches' losses (and gradients) add up to exactly the minibatch's token
-    mean: every generated token weighs the same, whatever the length of its response (verl-agent's
-    aggregation). Returns a scalar.
+    logp_new (b, T): the policy being trained (the gradient flows here); logp_old (b, T): PPO's old
+    log-probs (section 5); token_adv (b, T): Ahat; mask (b, T) bool: the tokens trained on.
+    num_tokens: the denominator, the response tokens of the *whole* minibatch (rows whose Ahat is 0
+    included), so micro-batches add up to the minibatch's token mean (verl-agent's). A scalar.
     """
     ratio = torch.exp(logp_new - logp_old.detach())  # (b, T) r_t                       (Eq. 6)
     clipped = ratio.clamp(1.0 - ppo_clip, 1.0 + ppo_clip)  # (b, T)
@@ -279,29 +225,13 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch
 
 
 def k3(logp_ref: torch.Tensor, logp_new: torch.Tensor) -> torch.Tensor:
-    """The low-variance k3 estimate of KL(new || ref) per token, exp(d) - d - 1 >= 0 with
-    d = ref - new (Eq. 7)."""
+    """k3, the low-variance estimate of KL(new || ref) a token: exp(d) - d - 1, d = ref - new."""
     d = logp_ref.detach() - logp_new  # (b, T)
     return torch.exp(d) - d - 1.0  # (b, T)                                              (Eq. 7)
 
 
 def kl_loss(logp_ref: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tensor,
             num_tokens: int | float) -> torch.Tensor:
-    """The KL term to the reference (adapter off): k3 per token, token-mean over the whole
-    minibatch like policy_loss (Eq. 7). All (b, T); mask bool. Returns a scalar."""
+    """The KL term to the reference (adapter off): k3, token-mean like policy_loss (Eq. 7)."""
     kl = k3(logp_ref, logp_new) * mask.to(logp_new.dtype)  # (b, T)                     (Eq. 7)
     return kl.sum() / max(float(num_tokens), 1.0)
-
-
-def sdar_loss(logp_new: torch.Tensor, logp_teacher: torch.Tensor, logp_old: torch.Tensor,
-              mask: torch.Tensor, num_tokens: int | float, beta: float = 5.0) -> torch.Tensor:
-    """SDAR's gated self-distillation term (Eq. 10): token_mean(sg(sigmoid(beta * delta)) *
-    (sg(logp_teacher) - logp_new)), the gradient only through logp_new, delta = logp_teacher -
-    logp_old.
-
-    mask (b, T) bool: the trained tokens of rows with hindsight; num_tokens: their count in the
-    whole minibatch (without hindsight the gate would be a flat 0.5: plain self-imitation).
-    Returns a scalar."""
-    gate = torch.sigmoid(beta * (logp_teacher - logp_old).detach())  # (b, T) sg(sigmoid(.))
-    term = gate * (logp_teacher.detach() - logp_new)  # (b, T) gradient via logp_new   (Eq. 10)
-    return (term * mask.to(logp_new.dtype)).sum() / max(float(num_tokens), 1.0)

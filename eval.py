@@ -184,6 +184,23 @@ def greedy_evaluation(env, model, tokenizer, split: str | None, num_games: int,
     return line, game_outcomes(trajs)
 
 
+def in_loop_evaluation(env, model, tokenizer, args, iteration: int,
+                       history_len: int | None) -> tuple[dict, dict]:
+    """train.py's --eval-every evaluation after `iteration`: (the eval/... metrics of its line, with
+    seconds/eval; the record eval.py would write: metrics, each game, config)."""
+    split = args.eval_split or env.default_eval_split
+    start = time.perf_counter()
+    line, games = greedy_evaluation(env, model, tokenizer, split, args.eval_games, history_len,
+                                    args.max_new_tokens)
+    setting = {"env": args.env, "split": split, "policy": "model", "checkpoint": None,
+               "iteration": iteration, "max_steps": args.max_steps,
+               "max_new_tokens": args.max_new_tokens}
+    record = {**{k.removeprefix("eval/"): v for k, v in line.items()}, "games": games,
+              "config": setting}
+    line["seconds/eval"] = record["wall_seconds"] = time.perf_counter() - start
+    return line, record
+
+
 def game_outcomes(trajs) -> dict:
     """Each game's outcome, as eval.py's JSON holds it (for intervals paired over games): won and
     steps; a game played K > 1 times gets the share of its episodes won and their mean steps. And

@@ -1,25 +1,20 @@
 """Rollout: play batched multi-turn episodes with the policy, and score the sampled tokens.
 
-At every turn, one batched `generate` over all live episodes (left padding) samples a
-response a_k ~ pi(. | c_k) from the policy itself: temperature 1, top_p 1, top_k 0, no
-repetition penalty (the model's own generation defaults are overridden, METHOD.md). The
-env plays every live episode; finished episodes leave the batch. Each step is stored with
-exactly the ids generate was fed (c_k) and sampled (a_k), so training never re-tokenizes.
+At every turn, one batched `generate` over all live episodes samples a response
+a_k ~ pi(. | c_k) from the policy itself (temperature 1, top_p 1, top_k 0, no repetition
+penalty). Each step keeps exactly the ids generate was fed (c_k) and sampled (a_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
 computation (`row_logprobs`), written plainly: one forward over the row, then
     logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only.
-`student_teacher_logprobs` applies it to the student's rows and to the teacher's rows (the same
-response after a context with the hindsight block, segments.py). Each function takes `fast`: a
-speed.FastPath computes the same numbers batched, the teacher continuing the student's KV cache and
-the output head in chunks (the `[speed]` path, speed.py; train.py uses it unless --plain).
-
-Precision: with bf16 base weights the decoder runs under bf16 autocast; the output head, the
-log-softmax and every loss term run in float32. Loading the model is infra/models.py's job.
+speed.py's `FastPath` has this file's log-prob functions and `generate` under the same names and
+signatures, batched and cached; train.py picks one of the two once (--plain: this file's).
+With bf16 base weights the decoder runs under bf16 autocast; the head and log-softmax in float32.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -30,8 +25,7 @@ from segments import Row, Rows, Step, Trajectory, generation_prompt_ids
 
 
 def autocast(model):
-    """bf16 autocast for a model whose base weights are bf16 (LoRA weights stay float32); a no-op
-    in float32."""
+    """bf16 autocast for a model whose base weights are bf16; a no-op in float32."""
     weight = model.get_input_embeddings().weight
     bf16 = weight.dtype == torch.bfloat16
     return torch.autocast(weight.device.type, dtype=torch.bfloat16, enabled=bf16)
@@ -39,12 +33,9 @@ def autocast(model):
 
 # ------------------------------------------------------------------ log-probs
 def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(a_t | c, a_<t) of one row's response tokens, (n,): the plain computation.
-
-    One forward over the whole row, no padding, no cache. The logits are divided by the sampling
-    temperature (as verl does), so these are the log-probs of the policy the tokens came from. With
-    bf16 base weights the decoder runs under bf16 autocast; the head and log-softmax in float32.
-    """
+    """log pi(a_t | c, a_<t) of one row's response tokens, (n,): one forward over the whole row.
+    The logits are divided by the sampling temperature (as verl does): the log-probs of the policy
+    the tokens came from."""
     device = model.get_input_embeddings().weight.device
     ids = torch.tensor([row.input_ids], device=device)  # (1, L)
     with autocast(model):
@@ -58,25 +49,17 @@ def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, ids[0, row.num_prompt :, None]).squeeze(-1)  # (n,)
 
 
-def batch_logprobs(model, rows: list[Row], temperature: float = 1.0, fast=None) -> torch.Tensor:
-    """The response log-probs of a few rows, response-aligned: (b, t), 0 past each row's response.
-
-    With gradient when grad is enabled (the update's pass). fast: speed.FastPath, or None for the
-    plain computation, one row at a time."""
-    if fast is not None:  # [speed] one padded pass over the rows (speed.py)
-        return fast.batch_logprobs(model, rows, temperature)
+def batch_logprobs(model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
+    """The response log-probs of a few rows, (b, t), 0 past each row's response; with gradient
+    when grad is enabled (the update's pass)."""
     t = max(len(r.response_ids) for r in rows)
     out = [row_logprobs(model, r, temperature) for r in rows]  # each (n,)
     return torch.stack([torch.nn.functional.pad(x, (0, t - len(x))) for x in out])  # (b, t)
 
 
 def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0,
-                  only: torch.Tensor | None = None, fast=None,
-                  desc: str = "log-probs") -> torch.Tensor:
-    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T); the
-    others stay 0."""
-    if fast is not None:  # [speed] micro-batched padded passes (speed.py)
-        return fast.rows_logprobs(model, rows, T, temperature, only, desc)
+                  only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
+    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T), else 0."""
     out = torch.zeros(len(rows), T)  # (B, T)
     picked = [b for b in range(len(rows)) if only is None or only[b]]
     with torch.no_grad():
@@ -87,41 +70,58 @@ def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.
 
 
 def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
-                             temperature: float = 1.0, fast=None, desc: str = "log-probs",
+                             temperature: float = 1.0, desc: str = "log-probs",
                              watch=None) -> tuple[torch.Tensor, torch.Tensor]:
     """No-grad log-probs of the same response tokens a_k, by the student and by its teacher:
     (B, T) each.
 
     The student scores its own rows (`student` (B,) selects which), the teacher the rows with the
     hindsight block (`taught` (B,), within `student`). Both are kept over the response tokens only,
-    so position t of one is position t of the other: they align token for token although their
-    contexts differ. Rows not selected stay 0. watch: a stopwatch (`with watch("student"):`) that
-    gets each pass's seconds. fast (speed.FastPath): the teacher continues the student's KV cache.
+    so position t of one is position t of the other although their contexts differ. Rows not
+    selected stay 0. watch: a stopwatch that gets each pass's seconds.
     """
     if bool((taught & ~student).any()):
         raise ValueError("student_teacher_logprobs: a taught row must also be a student row (the "
                          "fast path continues its cache)")
-    if fast is not None:  # [speed] one pass over each shared context serves both (speed.py)
-        return fast.student_teacher_logprobs(model, rows, student, taught, temperature, desc, watch)
     watch = watch or (lambda name: contextlib.nullcontext())
     T = rows.response_mask.shape[1]
     with watch("student"):
-        logp_student = rows_logprobs(model, rows.rows, T, temperature, student,
+        logp_student = rows_logprobs(model, rows.rows, T, temperature, only=student,
                                      desc=f"{desc} student")  # (B, T)
     with watch("teacher"):
-        logp_teacher = rows_logprobs(model, rows.teacher_rows, T, temperature, taught,
+        logp_teacher = rows_logprobs(model, rows.teacher_rows, T, temperature, only=taught,
                                      desc=f"{desc} teacher")  # (B, T)
     return logp_student, logp_teacher
 
 
+def generate(model, prompts: list[list[int]], config) -> list[list[int]]:
+    """One generate call over the prompts (ids), left-padded: the ids each row sampled."""
+    B, L = len(prompts), max(len(p) for p in prompts)
+    device = model.get_input_embeddings().weight.device
+    input_ids = torch.full((B, L), config.pad_token_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L)
+    for b, p in enumerate(prompts):  # left padding: every prompt ends at column L
+        input_ids[b, L - len(p) :] = torch.tensor(p)
+        attention_mask[b, L - len(p) :] = 1
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                         generation_config=config)  # (B, L + new)
+    return out[:, L:].tolist()
+
+
+@dataclass
+class LogProbs:
+    """Log-probs of the sampled tokens (train.py's stage 4), (B, T); rows a pass left out hold 0."""
+
+    student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline, PPO's old
+    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; = student untaught
+    ref: torch.Tensor | None  # (B, T) the reference (adapter off), for the KL term; or None
+
+
 # ------------------------------------------------------------------ sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
-    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty; temperature 0 =
-    greedy.
-
-    Installed as the model's own generation_config, so that no default of the model's
-    (Qwen ships top_p 0.8, top_k 20, repetition penalty 1.05) can be merged back in.
-    """
+    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty (temperature 0:
+    greedy). Installed as the model's own generation_config, so that none of its defaults (Qwen's
+    top_p 0.8, top_k 20, repetition penalty 1.05) is merged back in."""
     eos = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
@@ -145,13 +145,12 @@ def until_end_of_turn(ids: list[int], eos) -> list[int]:
 
 
 class ModelPolicy:
-    """The LLM policy as an actor: one batched generate over all live episodes per turn (batch > 0:
-    over at most `batch` of them at a time, which bounds the memory of generate's prefill and KV
-    cache)."""
+    """The LLM policy as an actor: one generate over all live episodes a turn (batch > 0: at most
+    `batch` at a time, to bound its memory). generate: this file's, or speed.FastPath's."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0,
-                 batch: int = 0, fast=None):
-        self.model, self.tokenizer, self.batch, self.fast = model, tokenizer, batch, fast
+                 batch: int = 0, generate=generate):
+        self.model, self.tokenizer, self.batch, self.sample = model, tokenizer, batch, generate
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
         model.generation_config = self.config
         self.eos = set(self.config.eos_token_id)
@@ -159,9 +158,9 @@ class ModelPolicy:
 
     @contextlib.contextmanager
     def serving(self, model, iteration: int):
-        """One rollout of train.py: the model decodes with this policy's sampling rule (an
-        evaluation may have installed another), and tokens_generated counts this rollout's tokens.
-        (vllm_rollout's policy hands the adapter of this moment to its engine here.)"""
+        """One rollout of train.py: the model decodes with this sampling rule (an evaluation may
+        have installed another); tokens_generated counts from 0. (vLLM's policy is handed the
+        adapter here.)"""
         self.model.generation_config, self.tokens_generated = self.config, 0
         yield self
 
@@ -171,7 +170,7 @@ class ModelPolicy:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], list[int], str]]:
-        """The same for prompts given as ids, at most `batch` of them in one generate call."""
+        """The same for prompts as ids, at most `batch` of them a call."""
         size = self.batch or len(prompts)
         chunks = [prompts[s : s + size] for s in range(0, len(prompts), size)]
         return [out for chunk in chunks for out in self._generate(chunk)]
@@ -180,10 +179,7 @@ class ModelPolicy:
         was_training = self.model.training
         self.model.eval()
         with autocast(self.model):  # bf16 weights: LoRA too in bf16 while sampling
-            if self.fast is not None:  # [speed] each prompt prefix shared by rows prefilled once
-                sampled = self.fast.generate(self.model, prompts, self.config)
-            else:
-                sampled = self._plain_generate(prompts)
+            sampled = self.sample(model=self.model, prompts=prompts, config=self.config)
         self.model.train(was_training)
         results = []
         for b, ids in enumerate(sampled):
@@ -193,33 +189,18 @@ class ModelPolicy:
             results.append((prompts[b], response, text))
         return results
 
-    def _plain_generate(self, prompts: list[list[int]]) -> list[list[int]]:
-        """One generate call over the prompts, left-padded: the ids each row sampled."""
-        B, L = len(prompts), max(len(p) for p in prompts)
-        device = self.model.get_input_embeddings().weight.device
-        input_ids = torch.full((B, L), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
-        attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L)
-        for b, p in enumerate(prompts):  # left padding: every prompt ends at column L
-            input_ids[b, L - len(p) :] = torch.tensor(p)
-            attention_mask[b, L - len(p) :] = 1
-        out = self.model.generate(input_ids=input_ids.to(device),
-                                  attention_mask=attention_mask.to(device),
-                                  generation_config=self.config)  # (B, L + new)
-        return out[:, L:].tolist()
-
 
 # ------------------------------------------------------------------ episodes
 def play_episodes(env, task_ids: list[str], policy, history_len: int | None = 2,
-                  groups: list[int] | None = None, desc: str = "rollout") -> list[Trajectory]:
+                  group_ids: list[int] | None = None, desc: str = "rollout") -> list[Trajectory]:
     """Play one episode per task id, all in one batch, until each is won or out of steps.
 
     policy.act(contexts, states) returns (prompt ids, response ids, text) per live episode.
-    groups: the group index of each episode (default: its position). Returns the trajectories
-    in task_ids order, each step holding exactly the ids that were fed and sampled.
+    group_ids: the group of each episode (default: its position). Trajectories in task_ids order.
     """
     states = env.reset(task_ids)
-    groups = list(range(len(task_ids))) if groups is None else groups
-    trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, groups, states)]
+    group_ids = list(range(len(task_ids))) if group_ids is None else group_ids
+    trajs = [Trajectory(t, g, s.task_type) for t, g, s in zip(task_ids, group_ids, states)]
     history: list[list[tuple[str, str]]] = [[] for _ in task_ids]
     anchors = [s.observation for s in states]  # each episode's state; an invalid answer keeps it
     bar = tqdm(total=env.max_steps, desc=desc, unit="turn", leave=False)
@@ -248,6 +229,6 @@ def play_episodes(env, task_ids: list[str], policy, history_len: int | None = 2,
         bar.set_postfix(live=sum(not s.done for s in states))
     bar.close()
     if trajs and not any(t.steps for t in trajs):
-        raise UserError("no episode played a step: every one ended in an env crash (the warnings "
-                        "above name the games)")
+        raise UserError("no episode played a step: every one ended in an env crash (see the "
+                        "warnings above)")
     return trajs

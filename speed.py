@@ -15,8 +15,8 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
     and older history: each prompt prefix shared by several rows of a generate call is prefilled
     once and its KV cache copied to those rows (as vLLM's prefix caching does); generate then
     prefills only each row's remainder and samples as before.
-`FastPath` carries the settings these need; train.py hands one to rollout.py's functions and its
-rollout policy unless --plain is given.
+`FastPath` has rollout.py's log-prob functions and `generate` as methods, under the same names and
+signatures (called with keywords); train.py uses one in place of rollout.py unless --plain is given.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ from segments import Row, Rows, length_batches, shared_prefix_len
 
 @dataclass
 class FastPath:
-    """[speed] rollout.py's log-prob functions, batched: `micro_batch_rows` rows a pass, padded with
-    `pad_id`. Each method has the signature of the rollout.py function of the same name."""
+    """[speed] rollout.py's log-prob functions and `generate`, batched: `micro_batch_rows` rows a
+    pass, padded with `pad_id`. Each method has the signature of the rollout.py function of the same
+    name and returns the same numbers, to float rounding."""
 
     pad_id: int
     micro_batch_rows: int = 4
@@ -48,20 +49,71 @@ class FastPath:
 
     def rows_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
                       only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
-        """rollout.rows_logprobs, micro-batch by micro-batch."""
-        return rows_logprobs(model, rows, self.pad_id, self.micro_batch_rows, temperature, T, desc, only)
+        """rollout.rows_logprobs, micro-batch by micro-batch: (B, T), rows outside `only` 0."""
+        device = model.get_input_embeddings().weight.device
+        out = torch.zeros(len(rows), T)
+        picked = [b for b in range(len(rows)) if only is None or only[b]]
+        with torch.no_grad():
+            for part in tqdm(length_batches(picked, rows, self.micro_batch_rows), desc=desc, unit="batch", leave=False):
+                batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], self.pad_id).items()}
+                logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
+                out[part, : logp.shape[1]] = logp
+        return out
 
     def generate(self, model, prompts: list[list[int]], config) -> list[list[int]]:
-        """rollout.ModelPolicy's generate call (the same sampling config), each shared prompt prefix
-        prefilled once: the ids each row sampled (everything generate returned after its prompt)."""
+        """rollout.generate (the same sampling config), each shared prompt prefix prefilled once."""
         return shared_prefix_generate(model, prompts, config, self.pad_id)
 
     def student_teacher_logprobs(self, model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
                                  temperature: float = 1.0, desc: str = "log-probs",
                                  watch=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """rollout.student_teacher_logprobs, the teacher rows continuing the student rows' cache."""
-        return student_teacher_logprobs(model, rows.rows, rows.teacher_rows, self.pad_id, self.micro_batch_rows,
-                                        temperature, rows.response_mask.shape[1], student, taught, desc, watch)
+        """rollout.student_teacher_logprobs, the teacher rows continuing the student rows' KV cache.
+
+        A teacher row is its student row's context, then the hindsight block, then the same response
+        (segments.py), so the two share a prefix (segments.shared_prefix_len). Per micro-batch, one
+        decoder pass over the student rows, laid out so that every shared prefix ends at the same
+        column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
+        its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
+        header and response are computed. Position ids count real tokens, so left padding moves
+        nothing. `taught` must lie within `student` (the teacher reads the student pass's cache).
+        """
+        watch = watch or (lambda name: contextlib.nullcontext())
+        if bool((taught & ~student).any()):
+            raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
+        rows, teacher_rows, T = rows.rows, rows.teacher_rows, rows.response_mask.shape[1]
+        device = model.get_input_embeddings().weight.device
+        logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
+        picked = [b for b in range(len(rows)) if student[b]]
+        decoder = model.get_decoder()
+        with torch.no_grad(), autocast(model):
+            for part in tqdm(length_batches(picked, rows, self.micro_batch_rows), desc=desc, unit="batch", leave=False):
+                shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1
+                          for b in part]
+                Lc = max(shared)
+                Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
+                ids = torch.full((len(part), Lc + Ls), self.pad_id, dtype=torch.long)  # (b, Lc + Ls)
+                mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
+                for j, (b, n) in enumerate(zip(part, shared)):
+                    row = rows[b].input_ids
+                    ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
+                with watch("student"):
+                    ids, mask = ids.to(device), mask.to(device)
+                    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, Lc + Ls) real tokens before each
+                    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                  use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                    start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)],
+                                         device=device)  # (b,)
+                    length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
+                    h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H)
+                    logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
+                    logp_student[part, : logp.shape[1]] = logp
+                keep = [j for j, b in enumerate(part) if taught[b]]
+                if keep:
+                    with watch("teacher"):
+                        logp_teacher[[part[j] for j in keep]] = _teacher_tails(
+                            model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared,
+                            length, self.pad_id, temperature, T, Ls)
+        return logp_student, logp_teacher
 
 
 # ----------------------------------------------------------------------------- the output head, in chunks
@@ -181,76 +233,6 @@ def response_logprobs(
                                      use_cache=False).last_hidden_state  # (B, L, H) nothing decodes after
     h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
     return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
-
-
-def rows_logprobs(model, rows: list[Row | None], pad_id: int, micro_batch_rows: int, temperature: float, T: int,
-                  desc: str = "log-probs", only: torch.Tensor | None = None) -> torch.Tensor:
-    """No-grad response log-probs of many rows, micro-batch by micro-batch: (B, T).
-    only (B,) bool: compute just those rows; the others stay 0."""
-    device = model.get_input_embeddings().weight.device
-    out = torch.zeros(len(rows), T)
-    picked = [b for b in range(len(rows)) if only is None or only[b]]
-    with torch.no_grad():
-        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
-            batch = {k: v.to(device) for k, v in collate_rows([rows[b] for b in part], pad_id).items()}
-            logp = response_logprobs(model, batch, temperature=temperature).float().cpu()  # (b, t)
-            out[part, : logp.shape[1]] = logp
-    return out
-
-
-# ----------------------------------------------------------------------------- the teacher from the student's cache
-def student_teacher_logprobs(model, rows: list[Row], teacher_rows: list[Row | None], pad_id: int,
-                             micro_batch_rows: int, temperature: float, T: int, student: torch.Tensor,
-                             taught: torch.Tensor, desc: str = "log-probs",
-                             watch=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad response log-probs of the `student` rows and of the `taught` rows' teacher rows: (B, T) each.
-
-    A teacher row is its student row's context, then the hindsight block, then the same response
-    (segments.py), so the two share a prefix (segments.shared_prefix_len). Per micro-batch, one
-    decoder pass over the student rows, laid out so that every shared prefix ends at the same
-    column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
-    its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
-    header and response are computed. Position ids count real tokens, so left padding moves
-    nothing. Rows outside `student` stay 0, and so do teacher rows outside `taught`; `taught`
-    must lie within `student` (the teacher reads the student pass's cache). watch: a stopwatch
-    (`with watch("student"):`, infra/metrics.py) that gets each part's seconds.
-    """
-    watch = watch or (lambda name: contextlib.nullcontext())
-    if bool((taught & ~student).any()):
-        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (it reads its cache)")
-    device = model.get_input_embeddings().weight.device
-    logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
-    picked = [b for b in range(len(rows)) if student[b]]
-    decoder = model.get_decoder()
-    with torch.no_grad(), autocast(model):
-        for part in tqdm(length_batches(picked, rows, micro_batch_rows), desc=desc, unit="batch", leave=False):
-            shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1
-                      for b in part]
-            Lc = max(shared)
-            Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
-            ids = torch.full((len(part), Lc + Ls), pad_id, dtype=torch.long)  # (b, Lc + Ls)
-            mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
-            for j, (b, n) in enumerate(zip(part, shared)):
-                row = rows[b].input_ids
-                ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
-            with watch("student"):
-                ids, mask = ids.to(device), mask.to(device)
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, Lc + Ls) real tokens before each
-                out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
-                              use_cache=True)  # (b, Lc + Ls, H) and the KV cache
-                start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)],
-                                     device=device)  # (b,)
-                length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
-                h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H)
-                logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
-                logp_student[part, : logp.shape[1]] = logp
-            keep = [j for j, b in enumerate(part) if taught[b]]
-            if keep:
-                with watch("teacher"):
-                    logp_teacher[[part[j] for j in keep]] = _teacher_tails(
-                        model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared,
-                        length, pad_id, temperature, T, Ls)
-    return logp_student, logp_teacher
 
 
 def _cache_argument(model) -> str:

@@ -15,6 +15,7 @@ import traceback
 import torch
 
 import advantage
+import baselines
 import segments
 
 EXERCISES = {  # number: (module in exercises/, function name, what it is)
@@ -30,7 +31,7 @@ EXERCISES = {  # number: (module in exercises/, function name, what it is)
 def solution(n: int):
     """The project's own implementation of exercise n: the very function train.py's loop calls."""
     return {1: advantage.grpo_advantages, 2: advantage.segment_gap, 3: advantage.token_advantages,
-            4: advantage.policy_loss, 5: segments.sibling_hindsight, 6: advantage.gigpo_step_advantages}[n]
+            4: advantage.policy_loss, 5: segments.sibling_hindsight, 6: baselines.gigpo_step_advantages}[n]
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -1,5 +1,5 @@
-"""Exercise 6: GiGPO's step groups and step advantage (METHOD.md section 6; the project's version:
-advantage.gigpo_step_advantages).
+"""Exercise 6: GiGPO's step groups and step advantage (Eq. 11-12 in baselines.py's docstring;
+METHOD.md section 6; the project's version: baselines.gigpo_step_advantages).
 
 Check your answer:  python -m exercises.check 6
 """
@@ -19,4 +19,4 @@ def gigpo_step_advantages(step_rewards: torch.Tensor, traj_ids: torch.Tensor, gr
     within each step group, as GRPO compares episode rewards within an episode group.
     Returns (step advantages (B,) float32, step-group ids (B,) long: equal ids = same group).
     """
-    raise NotImplementedError("exercise 6: write gigpo_step_advantages (METHOD.md section 6)")
+    raise NotImplementedError("exercise 6: write gigpo_step_advantages (baselines.py, Eq. 11-12)")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import fcntl
 import json
 import math
@@ -53,6 +54,7 @@ from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
 from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
+from infra import dashboard, metrics
 from infra.cli import with_current_names
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
@@ -471,6 +473,45 @@ class RunFolder:
         return None if warmstart is None else final / "warmstart"
 
 
+    @contextlib.contextmanager
+    def session(self, args, trainer):
+        """train.py's loop in this folder: config.json and the logs written and trimmed to the
+        restored iteration, the --report-to tracker open; `record` of the session takes each
+        iteration's line. The tracker is closed when the loop ends."""
+        config = dataclasses.asdict(args)
+        self.start(config, trainer.iteration_done, trainer.data)
+        tracker = dashboard.open_tracker(args.report_to, args.output_dir, config) if trainer.dist.main else None
+        recent = [m["success"] for m in self.logged()[-metrics.RECENT:]] if trainer.dist.main else []
+        yield Session(self, args, trainer, tracker, recent)
+        dashboard.close(tracker)
+
+
+class Session:
+    """What train.py's loop does with an iteration's line: the moving success rate, the evaluation
+    (--eval-every), the logs, the tracker, the checkpoint (--save-every) and the progress line."""
+
+    def __init__(self, folder: RunFolder, args, trainer, tracker, recent: list[float]):
+        self.folder, self.args, self.trainer, self.tracker, self.recent = folder, args, trainer, tracker, recent
+
+    def record(self, line: dict, samples: list[dict]) -> dict:
+        args, trainer, it = self.args, self.trainer, self.trainer.iteration_done
+        self.recent = (self.recent + [line["success"]])[-metrics.RECENT:]  # over more tasks
+        line["success_recent"] = sum(self.recent) / len(self.recent)
+        if args.eval_every and it % args.eval_every == 0 and trainer.dist.main:
+            evaluation, record = trainer.evaluate()
+            line.update(evaluation)
+            self.folder.save_evaluation(it, record)  # each game's outcome, in eval.py's format
+        self.folder.log(line, samples)
+        dashboard.log(self.tracker, line)  # --report-to: the same line, live
+        if it % args.save_every == 0 or it == args.iterations:  # a checkpoint, and `latest`
+            trainer.warmstart = self.folder.save(it, trainer.model, trainer.optimizer, trainer.rng,
+                                                 dataclasses.asdict(args), trainer.warmstart, args.keep_checkpoints)
+        if trainer.dist.main:
+            print(metrics.progress_line(line), flush=True)
+        trainer.dist.barrier()  # [distributed]
+        return line
+
+
 # ----------------------------------------------------------------------------- saving
 def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, config: dict,
                     warmstart: str | os.PathLike | None, keep: int, data: str | None = None) -> Path:
@@ -764,6 +805,31 @@ def check_optimizer_state(path: Path, state: dict, optimizer) -> None:
         step = moments.get("step")
         if not (torch.is_tensor(step) and step.numel() == 1) and not isinstance(step, (int, float)):
             raise UserError(f"{path}: the step of parameter {index} should be a number, found {type(step).__name__}")
+
+
+# The random streams of a run, each seeded per iteration (and per process) with
+# seed * a + iteration + b * rank, so that a resumed run draws what an uninterrupted one would.
+STREAMS = {"sampling": (1, 100_003), "placebo": (1_000_003, 0), "minibatches": (100_003, 7919)}
+
+
+def stream_seed(stream: str, seed: int, iteration: int, rank: int = 0) -> int:
+    """The seed of the random stream `stream` after `iteration` iterations, on process `rank`."""
+    a, b = STREAMS[stream]
+    return seed * a + iteration + b * rank
+
+
+def resume_state(trainer, ckpt: Path | None) -> None:
+    """What a train.py Trainer carries beside its weights: the warm start its checkpoints copy, the
+    digest of its tasks, and, resuming from `ckpt`, the optimizer and random states and the
+    iteration; on process rank > 0 its own sampling stream ([distributed])."""
+    args = trainer.args
+    trainer.warmstart = run_warmstart(args, ckpt)
+    trainer.data = getattr(trainer.env, "data_digest", lambda: None)()  # the tasks, in a hash
+    trainer.iteration_done = 0
+    if ckpt:
+        trainer.iteration_done = restore_training_state(ckpt, trainer.optimizer, trainer.rng, trainer.data)
+    if trainer.dist.rank:  # the same tasks (trainer.rng), other samples per process
+        torch.manual_seed(stream_seed("sampling", args.seed, trainer.iteration_done, trainer.dist.rank))
 
 
 def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random, data: str | None = None) -> int:

@@ -1,11 +1,8 @@
-"""Command line from a config dataclass: one flag per field, its help from the field's docstring.
-
-`field_name: type = default` followed by a docstring line (cleanrl's `Args`), or with a trailing
-`# help text`, becomes `--field-name` with that help, listed under its class (a dataclass that
-extends another shows its own flags first, then the other's, each under a heading); booleans get
-`--flag / --no-flag`; `Literal[...]` fields accept only their listed values; `X | None` fields
-take X, or `none` for None. Built on the standard library's argparse (no other dependency);
-this file only reads the dataclass.
+"""Command line from a config dataclass, built by tyro: one flag per field, its help from the field's
+docstring (cleanrl's `Args`) or trailing comment; booleans get `--flag / --no-flag`; `Literal[...]`
+fields accept only their listed values; `X | None` fields take X, or `none` for None. What tyro does
+not give, kept here: the flags a command line gave (a preset's defaults yield to them, a resume may
+change only some), and a bad command line as one line (tyro draws a framed message).
 
 User errors (a bad flag value, missing or corrupt data, a bad checkpoint) are `UserError`s:
 `run(main)` prints them as one line and exits with code 2, no traceback. Programming errors
@@ -13,19 +10,18 @@ are not caught and keep their traceback.
 """
 from __future__ import annotations
 
-import argparse
-import ast
 import contextlib
 import dataclasses
 import errno
-import inspect
+import io
 import math
 import os
 import re
 import sys
-import textwrap
 import typing
 from pathlib import Path
+
+import tyro
 
 from errors import (DataError, OutputLost, Stopped, Terminated, UserError, catch_sigterm,  # noqa: F401
                     ignore_stops, stop_line)  # (DataError: re-exported)
@@ -120,116 +116,84 @@ def _prog() -> str:
     return f"python -m tools.{path.stem}" if path.parent == Path(__file__).resolve().parent.parent / "tools" else path.name
 
 
-_NUMBER = re.compile(r"^-(\d|\.\d|inf|infinity|nan)", re.IGNORECASE)
+def groups_of(cls) -> list[type]:
+    """The dataclasses whose fields make up `cls`'s flags, each a group of --help: `cls` itself when
+    it declares its fields, else the classes it joins (train.py's TrainArgs: the method's, the
+    baselines', the run's), in its method resolution order."""
+    own = [k for k in cls.__mro__ if dataclasses.is_dataclass(k) and k.__dict__.get("__annotations__")]
+    return [cls] if cls in own or len(own) == 1 else own
 
 
-def _join_negative_values(argv: list[str]) -> list[str]:
-    """`--lr -1e-3` and `--lr -inf` as `--lr=-1e-3`: argparse would read a value that starts with
-    '-' and is not a plain decimal as another flag ("expected one argument")."""
-    out = []
-    for tok in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and _NUMBER.match(tok):
-            out[-1] = f"{out[-1]}={tok}"
-        else:
-            out.append(tok)
-    return out
+def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None,
+                    defaults: dict | None = None):
+    """Parse argv (default: sys.argv[1:]) into an instance of the dataclass `cls`, with tyro: one
+    flag per field, its help from the field's docstring or comment, `defaults` over the dataclass's
+    (shown in --help), the groups of groups_of(cls) as --help's sections. `X | None` fields take
+    `none` (any case) for None. A bad command line is a UserError of one line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    defaults = defaults or {}
+    groups = groups_of(cls)
+
+    def default_of(klass):
+        names = {f.name for f in dataclasses.fields(klass)}
+        return klass(**{k: v for k, v in defaults.items() if k in names})
+
+    if len(groups) == 1:
+        target, default = cls, default_of(cls)
+    else:  # a wrapper whose fields are the groups, their prefixes left out: the flags stay flat
+        target = dataclasses.make_dataclass(
+            cls.__name__, [(k.__name__, typing.Annotated[k, tyro.conf.OmitArgPrefixes]) for k in groups])
+        default = target(*[default_of(k) for k in groups])
+    shown = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(shown):
+            parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default)
+    except SystemExit as stop:
+        if stop.code in (0, None):  # --help, printed
+            raise
+        raise UserError(f"{_one_line(shown.getvalue())} (see --help)") from None
+    values = (dataclasses.asdict(parsed) if len(groups) == 1 else
+              {k: v for part in dataclasses.fields(parsed) for k, v in dataclasses.asdict(getattr(parsed, part.name)).items()})
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():  # `none` for None, in any case, as the docs write it
+        if isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(hints[name]):
+            values[name] = None
+    return cls(**values)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (the usage of 50 flags would bury it)."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see --help)\n")
-
-    def parse_known_args(self, args=None, namespace=None):
-        return super().parse_known_args(_join_negative_values(list(sys.argv[1:] if args is None else args)), namespace)
-
-
-def field_help(cls) -> dict[str, str]:
-    """Each field's help: the docstring under it, or its trailing comment, in the source of the class
-    (and of the dataclasses it extends)."""
-    helps = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        source = textwrap.dedent(inspect.getsource(klass))
-        lines, body = source.splitlines(), ast.parse(source).body[0].body
-        for node, after in zip(body, body[1:] + [None]):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else None
-            comment = re.search(r"#\s*(.+)$", lines[node.end_lineno - 1])
-            if isinstance(doc, str):
-                helps[node.target.id] = " ".join(doc.split())
-            elif comment:
-                helps[node.target.id] = comment.group(1).strip()
-    return helps
-
-
-def ordered_fields(cls) -> list:
-    """The dataclass's fields, its own before those of the classes it extends (--help lists them so)."""
-    own = set(cls.__dict__.get("__annotations__", {}))
-    fields = dataclasses.fields(cls)
-    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
-
-
-def _declared_by(cls) -> dict[str, type]:
-    """The dataclass in cls's lineage that declares each field (its own, or one it extends)."""
-    owners = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        owners.update({name: klass for name in klass.__dict__.get("__annotations__", {})})
-    return owners
-
-
-def _optional(kind):
-    """A converter for `X | None` fields: 'none' (any case) means None, anything else is an X."""
-
-    def convert(text: str):
-        return None if text.lower() == "none" else kind(text)
-
-    convert.__name__ = kind.__name__  # argparse names the type in its error messages
-    return convert
-
-
-def build_parser(cls, description: str | None = None, defaults: dict | None = None, suppress: bool = False):
-    """A parser for `cls`. defaults: overrides of the dataclass defaults (shown in --help).
-    suppress: flags not given are left out of the result (to learn which flags were given)."""
-    parser = _Parser(prog=_prog(), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                     argument_default=argparse.SUPPRESS if suppress else None, add_help=not suppress)
-    helps, hints, defaults = field_help(cls), typing.get_type_hints(cls), defaults or {}
-    owners, groups = _declared_by(cls), {}
-    for f in ordered_fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        optional = type(None) in typing.get_args(kind)
-        if optional:  # X | None
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        default = defaults.get(f.name, f.default)
-        kw = {} if suppress else {"default": default}
-        help_text = f"{helps.get(f.name, '')} (default: {default})"
-        owner = owners[f.name]
-        if owner not in groups:  # one heading per class: its name and its docstring's first sentence
-            title = " ".join((inspect.getdoc(owner) or "").split()).split(". ")[0].rstrip(".")
-            groups[owner] = parser.add_argument_group(f"{owner.__name__}, {title}")
-        group = groups[owner]
-        if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text, **kw)
-        elif typing.get_origin(kind) is typing.Literal:
-            choices = list(typing.get_args(kind))
-            group.add_argument(flag, choices=choices, help=help_text, metavar="{" + ",".join(choices) + "}", **kw)
-        else:
-            group.add_argument(flag, type=_optional(kind) if optional else kind, help=help_text,
-                               metavar=f.name.upper(), **kw)
-    return parser
+def _one_line(box: str) -> str:
+    """tyro's framed error message as one line: its title and the paragraph under it (what follows
+    the next rule is help, left out). The frame is drawn in UTF-8 or ASCII, in color or not."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", box)
+    lines = [line.strip(" \u2502\u256d\u256e\u2570\u256f") for line in plain.splitlines()]
+    title, text = None, []
+    for line in lines:
+        rule = len(line) >= 3 and not line.strip("\u2500-")
+        if title is None:
+            title = line.strip("\u2500- ") or None  # UTF-8: the title sits in the top border
+        elif rule and text:
+            break
+        elif line and not rule:
+            text.append(line)
+    text = " ".join(text)
+    if not text:
+        return title or "bad command line"
+    return text if title is None or text.lower().startswith(title.lower()) else f"{title}: {text}"
 
 
 def given_flags(cls, argv: list[str]) -> dict:
-    """The fields the command line sets explicitly, with their values (nothing else)."""
-    return vars(build_parser(cls, suppress=True).parse_known_args(argv)[0])
-
-
-def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None, defaults: dict | None = None):
-    """Parse argv (default: sys.argv[1:]) into an instance of the dataclass `cls`."""
-    ns = build_parser(cls, description, defaults).parse_args(argv)
-    return cls(**vars(ns))
+    """The fields the command line sets explicitly, with their values (nothing else): argv parsed
+    (a bad one is a UserError), then each `--name`, `--name=...` or `--no-name` it holds."""
+    values = vars(parse_dataclass(cls, [a for a in argv if a not in ("-h", "--help")]))
+    names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}
+    given = {}
+    for token in argv:
+        flag = token.split("=", 1)[0].removeprefix("--") if token.startswith("--") else None
+        if flag in names:
+            given[names[flag]] = values[names[flag]]
+        elif flag and flag.startswith("no-") and flag[3:] in names:
+            given[names[flag[3:]]] = values[names[flag[3:]]]
+    return given
 
 
 RENAMED_FLAGS = {"mult_eps": "eps_m"}  # flags renamed since some runs were saved: old name -> new

@@ -1,7 +1,7 @@
-"""Configuration of train.py: the run's flags, presets, parsing, the rules for a resumed run's flags, validation.
+"""Configuration of train.py: presets applied, parsing, the rules for a resumed run's flags, validation.
 
-The method's flags are train.py's `TrainArgs`; it extends `RunArgs` below, the flags that say how a
-run is executed (model and precision, data, run folder, logging, evaluation). Resolution:
+The flags are flags.py's `TrainArgs`, which extends infra/run_args.py's `RunArgs`, the flags that say
+how a run is executed (model and precision, data, run folder, logging, evaluation). Resolution:
 flags given on the command line, over the preset's defaults (`--preset cpu-demo` shrinks the
 GPU setting to minutes on a CPU), over the dataclass's defaults. With `--resume RUN`, the run's
 saved flags, of which only RESUME_MAY_CHANGE may be changed. Every value is checked here,
@@ -25,127 +25,14 @@ from envs import SPLITS, history_length
 from advantage import check_mixing
 from infra import dashboard, memory
 from infra.checkpoint import find_checkpoint, read_config, read_iteration, read_json, run_checkpoints, run_dir_of
-from infra.cli import UserError, build_parser, check_domains, given_flags, with_current_names
+from infra.cli import UserError, check_domains, given_flags, parse_dataclass, with_current_names
 from infra.models import check_available, default_model_name
 from infra.precision import auto_choice_line, resolve_dtype
+from flags import CPU_DEMO_ENV_CHANGES, DATA, LEARN_WARMSTART, PRESET_CHANGES, WARMSTART, WEBSHOP_WARMSTART  # noqa: F401
+from infra.run_args import RunArgs  # noqa: F401  (re-exported)
 from vllm_rollout import missing as vllm_missing
 
 
-@dataclass
-class RunArgs:
-    """How a run of train.py is executed: model and precision, data, run folder, logs, evaluation.
-    They change where and how fast the method runs, not what it computes (train.py's TrainArgs)."""
-
-    preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
-    model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
-    load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
-    lora_r: int = 64  # LoRA rank (verl-agent: 64)
-    lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
-    lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the backward pass stops at the first
-    init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
-    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
-    split: str = "train"  # split the training tasks come from
-    max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
-    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    env_timeout: float = 600.0  # seconds an env worker may take for one reset or step (a frozen one: 20 s without a heartbeat)
-    rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
-    rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
-    vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
-    micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
-    plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding
-    gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
-    eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
-    eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)
-    eval_games: int = 32  # games per evaluation
-    save_every: int = 1  # checkpoint every N iterations
-    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
-    samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
-    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
-    demo_data: bool = False  # with --preset gpu: train on the shipped demo games on purpose (else the real data is required)
-    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo|-cpu-learn]; with --resume: that run's
-    resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
-
-
-DATA = Path(__file__).resolve().parent.parent / "data"
-WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
-WEBSHOP_WARMSTART = DATA / "warmstart" / "smollm2-webshop"  # cloned on the 51 train goals (tools/warmstart.py)
-LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on data/alfworld-learn-warmstart
-# What each preset changes from TrainArgs's and RunArgs's defaults (the GPU setting), and why:
-# flag -> (value, reason). The run prints these at start (describe); docs/training.md's preset
-# tables are made from them (preset_tables, checked by tests/test_docs.py).
-PRESET_CHANGES = {
-    "gpu": {},
-    "course": {  # a 24 GB GPU (L4, A10, RTX 4090) at a pace a lab session can watch (docs/scaling.md)
-        "model": ("Qwen/Qwen2.5-1.5B-Instruct", "a 1.5B model: 2.9 GiB of bf16 weights, room on a 24 GB card for "
-                                                "every episode's rollout at once (infra/memory.py)"),
-        "load_in_4bit": (False, "bf16 weights: a 1.5B model fits without nf4, and no pass dequantizes"),
-        "lora_r": (32, "a smaller adapter for a smaller model"),
-        "lora_alpha": (32, "a smaller adapter for a smaller model"),
-        "groups": (4, "4 tasks x 4 rollouts: 16 episodes, ~4 minutes an iteration on an L4 (estimated)"),
-        "group_size": (4, "4 tasks x 4 rollouts: 16 episodes, ~4 minutes an iteration on an L4 (estimated)"),
-        "max_steps": (20, "20 steps, not 50: failed episodes end sooner; the longest tasks are cut"),
-        "max_new_tokens": (192, "a think and an action fit in 192 tokens"),
-        "iterations": (30, "two hours of a lab, not days"),
-        "eval_every": (5, "a held-out point every ~20 minutes"),
-        "eval_games": (16, "16 held-out games: a coarse curve, quickly played"),
-    },
-    "cpu-demo": {  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
-        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
-        "iterations": (2, "a demo of minutes: two iterations show the loop, not learning"),
-        "groups": (2, "2 tasks x 4 rollouts: 8 episodes an iteration"),
-        "group_size": (4, "2 tasks x 4 rollouts: 8 episodes an iteration"),
-        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
-        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
-                                "every trajectory a hindsight block"),
-        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
-                         "pass and the update"),
-        "lr": (1e-4, "a 135M model and 2 iterations: a larger step than the 7B setting's 3e-6"),
-        "lora_r": (8, "a small adapter for a small model"),
-        "lora_alpha": (16, "a small adapter for a small model"),
-        "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
-        "eval_every": (0, "the run ends with its segments table, not an evaluation"),
-    },
-    "cpu-learn": {  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
-        # (results/learning-cpu/sweep, in git history at e287449): 4 tasks x 4 rollouts for 8 iterations, 4
-        # optimizer steps each, saw 8-15 groups holding both a win and a loss; 2 x 8 for 4 iterations saw 2-5
-        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
-        "data_dir": (str(DATA / "alfworld-learn"), "the learning set: 64 train games, 32 held out"),
-        "init_adapter": (str(LEARN_WARMSTART), "a warm start cloned on 16 other games"),
-        "temperature": (0.6, "at temperature 1 the 135M policy won 0 of 16 rollouts; at 0.6 it wins some"),
-        "iterations": (8, "recipe K of the pilot sweep: the gain is there by iteration 4"),
-        "groups": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
-        "group_size": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
-        "max_steps": (6, "short episodes: 6 steps"),
-        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
-        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
-                                "every trajectory a hindsight block"),
-        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
-                         "pass and the update"),
-        "lr": (3e-4, "recipe K of the pilot sweep"),
-        "minibatches": (4, "recipe K: 4 optimizer steps an iteration"),
-        "lora_r": (8, "a small adapter for a small model"),
-        "lora_alpha": (16, "a small adapter for a small model"),
-        "eval_every": (8, "one held-out evaluation, at the end"),
-        "eval_split": ("valid_seen", "the learning set's held-out games"),
-    },
-    "none": {},
-}
-CPU_DEMO_ENV_CHANGES = {  # each env's shipped warm start, for SmolLM2
-    "alfworld": {
-        "init_adapter": (str(WARMSTART), "a behaviour-cloned warm start: without one the 135M model "
-                                         "cannot write the answer format"),
-        "max_plan_len": (4, "the shipped games whose expert needs at most 4 steps"),
-        "max_steps": (4, "short episodes: 4 steps"),
-    },
-    "webshop": {
-        "init_adapter": (str(WEBSHOP_WARMSTART), "a behaviour-cloned warm start: without one the 135M "
-                                                 "model cannot write the answer format"),
-        "max_steps": (6, "expert plans are 4-5 steps"),
-        "history": ("1", "a results page is ~470 tokens: one observation of history, not two"),
-        "max_new_tokens": (96, "a search answer repeats the goal's words (up to 85 tokens)"),
-    },
-}
 PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
 CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
 GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to start without it
@@ -225,7 +112,7 @@ def parse_train_args(cls, argv: list[str] | None = None, description: str | None
     if given.get("resume"):
         return resume_args(cls, given)
     preset, defaults = preset_defaults(given.get("preset", "auto"), given.get("env", "alfworld"))
-    args = cls(**vars(build_parser(cls, description, defaults).parse_args(argv)))
+    args = parse_dataclass(cls, argv, description, defaults)
     args.preset = preset
     if "init_adapter" in defaults and "init_adapter" not in given and args.model != defaults.get("model"):
         args.init_adapter = None  # a preset's warm start is for the preset's model only
@@ -418,7 +305,7 @@ def check_args(args) -> None:
     if not 0 < args.vllm_gpu_memory < 1:
         problems.append(f"--vllm-gpu-memory is a share of the GPU's memory, between 0 and 1; got {args.vllm_gpu_memory}")
     if args.init_adapter and args.load_in_4bit:
-        problems.append("--init-adapter merges into full-precision weights: add --no-load-in-4bit")
+        problems.append("--init-adapter merges into full-precision weights: add --load-in-4bit False")
     if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:
         problems.append(f"--init-adapter {args.init_adapter}: no adapter_config.json there (pass a "
                         "tools/warmstart.py output folder, or none)")
@@ -447,7 +334,7 @@ def check_gpu(args, card_gib: float | None = None, capability: tuple | None = No
         card_gib, capability = torch.cuda.mem_get_info()[1] / memory.GIB, torch.cuda.get_device_capability()
     if capability is not None and capability[0] < 8 and (args.dtype == "bf16" or args.load_in_4bit):
         raise UserError(f"this GPU (compute capability {capability[0]}.{capability[1]}, e.g. a T4) has no bf16, "
-                        "which --dtype bf16 and the 4-bit layers' compute need: pass --dtype fp32 --no-load-in-4bit "
+                        "which --dtype bf16 and the 4-bit layers' compute need: pass --dtype fp32 --load-in-4bit False "
                         "with a model whose float32 weights fit (--model Qwen/Qwen2.5-1.5B-Instruct: 5.8 GiB), or "
                         "use a GPU of compute capability 8 or more (L4, A10, A100, H100)")
     shape = memory.shape_of(args.model)

@@ -19,8 +19,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from advantage import ALGORITHMS
-from segments import Advantages, Credit, LogProbs, Rows, Trajectory
+from advantage import Advantages, Credit
+from baselines import ALGORITHMS
+from errors import OutputLost, Stopped, UserError
+from rollout import LogProbs
+from segments import Rows, Trajectory
 
 
 def summarize(trajs: list[Trajectory]) -> dict:
@@ -92,16 +95,16 @@ def iteration_metrics(stages: Stages, args, dist, iteration: int) -> dict:
     seconds, adv, rows, algo = stages.watch.seconds, stages.adv, stages.rows, ALGORITHMS[args.algo]
     all_trajs = dist.gather(stages.trajs)  # [distributed] metrics over every process's episodes
     out = {"iteration": iteration, **rollout_metrics(all_trajs, [t.group for t in all_trajs])}
-    if algo.teacher:
+    if algo.uses_teacher(args):
         out.update(teacher_metrics(stages, args.algo, args.eps_m, dist.gather))
-    if algo.step_groups:
+    if adv.step is not None:  # GiGPO
         out.update(gigpo_metrics(adv, dist.gather))
     if rows.gap_mask is not None:  # --gap-tokens action: responses without an <action> block, gap over all their tokens
         out["gap_action_fallback"] = sum(dist.gather(rows.gap_fallback.tolist())) / max(dist.sum(len(rows.rows)), 1)
     out.update(stages.update)
     out["rows"] = int(dist.sum(len(rows.rows)))
     out["skipped/student"] = int(dist.sum(int((~adv.trained).sum())))  # the same rows sit out the update
-    if algo.teacher:
+    if algo.uses_teacher(args):
         out["skipped/teacher"] = int(dist.sum(int((rows.has_hindsight & ~adv.taught).sum())))
     out["env_crashes"] = int(dist.sum(stages.watch.crashes()))
     out["tokens_generated"] = int(dist.sum(stages.actor.tokens_generated))
@@ -149,12 +152,12 @@ def teacher_metrics(stages: Stages, algo: str, eps: float, gather=_same) -> dict
     spec = ALGORITHMS[algo]
     if credit.mults is None:  # grpo, sdar, gigpo scale no advantage
         m = torch.zeros(0)
-    elif spec.granularity == "segment":  # sharpo, stepopsd
+    elif not spec.per_token:  # sharpo, stepopsd
         m = credit.mults[sel]  # (n,) one per segment
     else:  # rlsd: one per trained token
         m = credit.mults[sel][rows.response_mask[sel]]  # (n,)
     hind_all = torch.tensor(gather(hind.tolist()), dtype=torch.bool)  # (B_all,)
-    scored = hind & (adv.trained if spec.sdar else sel)  # (B,) the rows the teacher must score (section 4)
+    scored = hind & (adv.trained if spec.reads_every_row else sel)  # (B,) the rows the teacher must score (section 4)
     g = torch.tensor(gather(credit.gaps[scored].tolist()))  # (n_scored,)
     m = torch.tensor(gather(m.tolist()))  # (n,)
     out = {"hindsight_share": float(hind_all.float().mean()), "segments_scored": sum(gather([int(sel.sum())]))}
@@ -254,19 +257,60 @@ def loss_stats(logp_new, logp_old, token_adv, mask, num_tokens, num_trained, ppo
 
 
 class UpdateLog:
-    """The update/... statistics of one iteration's optimizer steps: each a mean over the steps taken."""
+    """The bookkeeping of one iteration's update (train.py's stage 6): the progress bar, each micro-
+    batch's loss statistics, the optimizer steps taken or skipped (a non-finite loss or gradient), a
+    check after each step that the policy can still be sampled; update/... means over the steps taken."""
 
-    def __init__(self, iteration: int, kl: bool, sdar: bool):
-        self.iteration, self.steps, self.skipped = iteration, 0, 0
-        self.keys = ["pg_loss", "clip_frac", "approx_kl_old", "loss"] + ["kl_ref"] * kl + ["sdar_loss"] * sdar
+    def __init__(self, iteration: int, dist, args, algo):
+        self.iteration, self.dist, self.args, self.steps, self.skipped = iteration, dist, args, 0, 0
+        self.keys = (["pg_loss", "clip_frac", "approx_kl_old", "loss"] + ["kl_ref"] * (args.kl_coef > 0)
+                     + list(algo.loss_names))
         self.sums: dict[str, float] = defaultdict(float)
+        self.stats, self.all_finite = [], True  # this minibatch's micro-batches
 
-    def progress(self, minibatches, total: int):
+    def progress(self, minibatches):
+        total = self.args.ppo_epochs * self.args.minibatches
         return tqdm(minibatches, total=total, desc=f"iter {self.iteration} update", leave=False)
+
+    def record(self, terms: dict, loss, logp_new, logp_old, token_adv, mask, counts: dict) -> None:
+        """One micro-batch's loss terms and what PPO's step did to its tokens (loss_stats)."""
+        ppo = loss_stats(logp_new, logp_old, token_adv, mask, counts["tokens"], counts["trained"],
+                         self.args.ppo_clip)
+        self.stats.append({**{k: v.detach() for k, v in terms.items()}, **ppo, "loss": loss.detach()})
+
+    def finite(self, loss) -> bool:
+        """Whether a micro-batch's loss is finite; one that is not skips its minibatch's step."""
+        self.all_finite = self.all_finite and bool(torch.isfinite(loss))
+        return self.all_finite
 
     def total(self, stats: list[dict]) -> dict[str, float]:
         """The minibatch's statistics: each micro-batch's is already divided by the minibatch's count, so they add up."""
-        return {k: sum(float(s[k]) for s in stats) for k in self.keys}
+        return {k: sum(float(s.get(k, 0.0)) for s in stats) for k in self.keys}
+
+    def step(self, optimizer, params: list, model, passes, row) -> bool:
+        """The minibatch's optimizer step, taken together by every process (the gradients summed and
+        clipped, infra/distributed.py), or skipped by all when a loss or the gradient is not finite.
+        After a step, `row` is scored again: a step that made the policy's log-probs non-finite stops
+        the run in one line, before anything of the iteration is checkpointed. Returns whether a step
+        was taken (the weights moved: Adam moves them even on an all-zero gradient)."""
+        stats = self.total(self.stats) if self.all_finite else {}
+        step = self.dist.step(optimizer, params, self.args.grad_clip, self.all_finite, stats)
+        self.stats, self.all_finite = [], True
+        self.add(step)
+        if step is not None:
+            self.check_sampling(model, passes, row)
+        return step is not None
+
+    @torch.no_grad()
+    def check_sampling(self, model, passes, row) -> None:
+        it = self.iteration
+        logp = passes.batch_logprobs(model, rows=[row], temperature=self.args.temperature)  # (1, t)
+        if not torch.isfinite(logp).all():
+            kept = f"the run keeps iteration {it - 1}" if it > 1 else "no checkpoint yet"
+            raise UserError(f"iteration {it}: an optimizer step made the policy's sampling "
+                            "distribution non-finite (NaN or infinite log-probs: the update "
+                            f"diverged; --lr {self.args.lr:g} too large?). Nothing of iteration "
+                            f"{it} is checkpointed; {kept}. Start a new run with a smaller --lr")
 
     def add(self, step: dict | None) -> None:
         """One optimizer step's statistics (with grad_norm), or None: a non-finite loss or gradient skipped it."""
@@ -321,3 +365,16 @@ def progress_line(m: dict) -> str:
         parts.append(f"eval {m['eval/success']:.2f}")
     parts.append(f"{sum(v for k, v in m.items() if k.startswith('seconds/') and k != 'seconds/env'):.0f}s")
     return " | ".join(parts)
+
+
+def closing_summary(out: str) -> None:
+    """What train.py prints when a run is complete: where its last iteration's credit went (each
+    segment's gap g and multiplier m), and what to run next. A closed or full output loses only these
+    lines."""
+    table = segments_table(last_samples(out))
+    try:
+        print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n{table}")
+        print(f"done: metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints; draw the segments "
+              f"with python -m tools.plots {out}, evaluate with python eval.py --policy model --checkpoint {out}")
+    except OutputLost as err:
+        raise Stopped(f"{out} is complete; only its closing summary was not printed", err) from None

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from advantage import (grpo_advantages, rlsd_token_advantages, segment_gap, segment_multipliers, shuffled_within_groups,
-                       token_advantages)
+from advantage import grpo_advantages, segment_gap, segment_multipliers, shuffled_within_groups, token_advantages
+from baselines import rlsd_token_advantages
 
 
 # ----------------------------------------------------------------------------- GRPO

@@ -67,7 +67,7 @@ def _commands(text: str) -> list[list[str]]:
 def _check(words: list[str], entry_points: dict) -> str | None:
     """None when the command names a file or module that exists and, for the project's scripts,
     flags their parsers accept; else what is wrong."""
-    from infra.cli import build_parser
+    from infra.cli import UserError, parse_dataclass
 
     args = words[1:]
     if words[0] in ("torchrun", "accelerate"):
@@ -98,9 +98,9 @@ def _check(words: list[str], entry_points: dict) -> str | None:
         if _check(["python", "train.py", *train_flags], entry_points):
             return f"train flags after --: {train_flags}"
     try:
-        build_parser(cls).parse_args([a for a in rest if a not in ("--help", "-h")])
-    except SystemExit:
-        return f"{target} rejects {rest}"
+        parse_dataclass(cls, [a for a in rest if a not in ("--help", "-h")])
+    except UserError as err:
+        return f"{target} rejects {rest}: {err}"
     return None
 
 
@@ -155,3 +155,14 @@ def test_the_per_card_table_is_the_calculator_s():
     assert card_table() in (ROOT / "docs" / "scaling.md").read_text(), (
         "docs/scaling.md's per-card table differs from infra/memory.py: paste python -c 'from infra.memory "
         "import card_table; print(card_table())'")
+
+
+def test_the_flags_a_resume_may_change_are_the_code_s():
+    """docs/runs.md's "Resuming" paragraph names every flag a resumed run may change
+    (infra/config.py's RESUME_MAY_CHANGE), so a reader is not told a flag is refused that is not."""
+    from infra.config import RESUME_MAY_CHANGE
+
+    text = (ROOT / "docs" / "runs.md").read_text()
+    paragraph = text[text.index("**Resuming.**"):].split("\n\n")[0]
+    missing = [f for f in RESUME_MAY_CHANGE if f != "resume" and f"`--{f.replace('_', '-')}`" not in paragraph]
+    assert not missing, f"docs/runs.md's Resuming paragraph omits {missing}"

@@ -1,11 +1,13 @@
 """The exercises' checks can fail and can pass: each fails on its blank template (as committed)
 and on a typical wrong answer, and passes on the project's own implementation."""
 import inspect
+import sys
 
 import pytest
 import torch
 
 import advantage
+import baselines
 import segments
 from exercises import check
 
@@ -54,7 +56,7 @@ def includes_oneself(trajs):
 
 
 def undiscounted(r, t, g, a, gamma):
-    return advantage.gigpo_step_advantages(r, t, g, a, 1.0)
+    return baselines.gigpo_step_advantages(r, t, g, a, 1.0)
 
 
 @pytest.mark.parametrize("n, wrong, words", [
@@ -69,11 +71,16 @@ def test_a_typical_wrong_answer_fails_with_a_reason_in_words(n, wrong, words):
 @pytest.mark.parametrize("n", sorted(check.EXERCISES))
 def test_each_exercise_is_a_function_the_training_loop_calls(n):
     """One function per formula: what a student writes in exercise n is, in the project, the very
-    function train.py's stages call (the object train.py imports), under the same name."""
+    function train.py's stages call, under the same name: train.py calls it, or an algorithm of the
+    table --algo reads does (advantage.SHARPO and the baselines' subclasses, stages 3, 5 and 6)."""
     import train
 
     own = check.solution(n)
-    assert getattr(train, own.__name__, None) is own, f"train.py does not call {own.__module__}.{own.__name__}"
+    callers = [train, advantage.row_advantages] + [k for a in baselines.ALGORITHMS.values() for k in type(a).__mro__
+                                                   if k is not object]
+    calls = [c for c in callers if f"{own.__name__}(" in inspect.getsource(c)
+             and getattr(c if inspect.ismodule(c) else sys.modules[c.__module__], own.__name__, None) is own]
+    assert calls, f"the training loop does not call {own.__module__}.{own.__name__}"
     assert check.EXERCISES[n][1] == own.__name__, "the exercise's function has the project's name"
     module, name, _ = check.EXERCISES[n]
     template = inspect.signature(getattr(__import__(f"exercises.{module}", fromlist=[name]), name))

@@ -6,12 +6,8 @@ import pytest
 import torch
 
 import train
-from advantage import (
-    anchor_groups,
-    discounted_returns,
-    gigpo_token_advantages,
-    grpo_advantages,
-)
+from advantage import grpo_advantages
+from baselines import anchor_groups, discounted_returns, gigpo_token_advantages
 from infra import metrics
 from infra.models import load_policy
 from stub_env import StubEnv
@@ -85,12 +81,13 @@ def test_gigpo_iteration_runs_no_teacher_and_logs_step_signal(tmp_path, monkeypa
                              f"--output-dir={tmp_path}/run"])
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=3)
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
-    passes = []
-    real = train.rows_logprobs
-    monkeypatch.setattr(train, "rows_logprobs", lambda *a, desc="", **k: passes.append(desc) or real(*a, desc=desc, **k))
+    passes = []  # the teacher rows each student-teacher pass was asked to score
+    real = trainer.passes.student_teacher_logprobs
+    monkeypatch.setattr(trainer.passes, "student_teacher_logprobs",
+                        lambda *a, taught, **k: passes.append(int(taught.sum())) or real(*a, taught=taught, **k))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     metrics, samples = trainer.iteration()
-    assert not any("teacher" in d for d in passes) and metrics["seconds/teacher"] == 0.0
+    assert passes == [0] and metrics["seconds/teacher"] == 0.0
     assert metrics["gigpo/step_group_share"] > 0  # every group starts from the same state
     assert {"gigpo/step_group_size", "gigpo/step_adv_std"} <= metrics.keys() and "mult_mean" not in metrics
     assert "step_advantage" in samples[0]["segments"][0]

@@ -316,7 +316,7 @@ def test_flags_a_model_cannot_honour_are_refused_and_4bit_smollm2_is_4bit(tmp_pa
     import bitsandbytes as bnb
 
     with pytest.raises(UserError, match="--load-in-4bit"):
-        train.parse_args(["--load-in-4bit"] + flags(model="tiny", preset="none", output_dir=str(tmp_path / "r")))
+        train.parse_args(["--load-in-4bit", "True"] + flags(model="tiny", preset="none", output_dir=str(tmp_path / "r")))
     model, _ = load_policy("smollm2", load_in_4bit=True, device="cpu", dtype="bf16", lora_r=4, lora_alpha=8,
                            announce=lambda s: None)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
@@ -353,7 +353,7 @@ def test_the_fit_check_refuses_7b_bf16_on_24gb_and_accepts_the_course_card(tmp_p
     config.check_gpu(_gpu_args(tmp_path, rollout_batch=32), 21.5, (8, 9))
     course = {k: v for k, v in config.PRESETS["course"].items() if k not in ("iterations", "eval_every", "eval_games")}
     config.check_gpu(_gpu_args(tmp_path, **course), 21.5, (8, 9))
-    with pytest.raises(UserError, match="no bf16.*--dtype fp32 --no-load-in-4bit"):
+    with pytest.raises(UserError, match="no bf16.*--dtype fp32 --load-in-4bit False"):
         config.check_gpu(_gpu_args(tmp_path, **course), 14.6, (7, 5))
     config.check_gpu(_gpu_args(tmp_path, **{**course, "dtype": "fp32"}), 14.6, (7, 5))
 

@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOORS = {
     "errors": 0, "segments": 0,  # the error types and the containers every stage passes on
     "envs": 1, "rollout": 1, "speed": 1, "advantage": 1,  # the pipeline: environments, the passes ([speed] too), the math
-    "verl_bridge": 2, "vllm_rollout": 2, "exercises": 2,  # the extras, each beside the pipeline
-    "infra": 3,  # run infrastructure: models, config, checkpoints, metrics, cli, distributed, dashboard
+    "baselines": 2, "verl_bridge": 2, "vllm_rollout": 2, "exercises": 2,  # the extras, each beside the pipeline
+    "infra": 3, "flags": 3,  # run infrastructure: models, config, checkpoints, metrics, cli, distributed, dashboard
     "eval": 4,  # the evaluation script
     "train": 5,  # the loop
     "tools": 6,  # run beside the loop

@@ -7,7 +7,7 @@ import torch
 import rollout
 from infra.models import load_policy
 from segments import Rows, build_row, build_teacher_row, response_masks
-from speed import FastPath, rows_logprobs, student_teacher_logprobs
+from speed import FastPath
 
 torch.set_num_threads(1)
 
@@ -53,10 +53,11 @@ def test_cached_logprobs_equal_a_plain_forward_over_the_full_rows(micro_batch_ro
     T = max(len(r.response_ids) for r in rows)
     student = torch.tensor([True, True, True])
     taught = torch.tensor([True, False, True])
-    logp_s, logp_t = student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, micro_batch_rows, 1.0, T,
-                                              student=student, taught=taught)
-    full_s = rows_logprobs(model, rows, tok.pad_token_id, 1, 1.0, T)
-    full_t = rows_logprobs(model, [r for r in teacher_rows], tok.pad_token_id, 1, 1.0, T)
+    fast = FastPath(tok.pad_token_id, micro_batch_rows)
+    logp_s, logp_t = fast.student_teacher_logprobs(model, rows=as_rows(rows, teacher_rows), student=student,
+                                                   taught=taught)
+    full_s = FastPath(tok.pad_token_id, 1).rows_logprobs(model, rows=rows, T=T)
+    full_t = FastPath(tok.pad_token_id, 1).rows_logprobs(model, rows=teacher_rows, T=T)
     assert torch.allclose(logp_s, full_s, atol=1e-4, rtol=0), (logp_s - full_s).abs().max()
     assert torch.allclose(logp_t[taught], full_t[taught], atol=1e-4, rtol=0), (logp_t - full_t)[taught].abs().max()
     assert logp_t[~taught].abs().sum() == 0  # not asked: not computed
@@ -70,12 +71,12 @@ def test_the_teacher_only_runs_on_rows_the_student_pass_computed():
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
     rows, teacher_rows = rows_and_teacher_rows(tok)
     T = max(len(r.response_ids) for r in rows)
+    fast, batch = FastPath(tok.pad_token_id, 2), as_rows(rows, teacher_rows)
     with pytest.raises(ValueError, match="taught row must also be a student row"):
-        student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T,
-                                 student=torch.tensor([True, False, True]), taught=torch.tensor([False, True, False]))
-    logp_s, logp_t = student_teacher_logprobs(model, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T,
-                                              student=torch.tensor([True, False, True]),
-                                              taught=torch.tensor([True, False, False]))
+        fast.student_teacher_logprobs(model, rows=batch, student=torch.tensor([True, False, True]),
+                                      taught=torch.tensor([False, True, False]))
+    logp_s, logp_t = fast.student_teacher_logprobs(model, rows=batch, student=torch.tensor([True, False, True]),
+                                                   taught=torch.tensor([True, False, False]))
     assert logp_s[1].abs().sum() == 0 and logp_t[1:].abs().sum() == 0
     assert logp_s[0].abs().sum() > 0 and logp_t[0].abs().sum() > 0
 
@@ -91,9 +92,10 @@ def test_bf16_weights_keep_the_lora_in_float32_and_score_in_float32():
     rows, teacher_rows = rows_and_teacher_rows(tok)
     T = max(len(r.response_ids) for r in rows)
     every = torch.ones(3, dtype=torch.bool)
-    ref_s, ref_t = student_teacher_logprobs(fp32, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T, every, every)
-    got_s, got_t = student_teacher_logprobs(bf16, rows, teacher_rows, tok.pad_token_id, 2, 1.0, T, every, every)
-    plain = rows_logprobs(bf16, rows, tok.pad_token_id, 2, 1.0, T)
+    fast, batch = FastPath(tok.pad_token_id, 2), as_rows(rows, teacher_rows)
+    ref_s, ref_t = fast.student_teacher_logprobs(fp32, rows=batch, student=every, taught=every)
+    got_s, got_t = fast.student_teacher_logprobs(bf16, rows=batch, student=every, taught=every)
+    plain = rollout.rows_logprobs(bf16, rows=rows, T=T)
     assert got_s.dtype == torch.float32
     assert (got_s - ref_s).abs().max() < 0.05 and (got_t - ref_t).abs().max() < 0.05
     assert (got_s - plain).abs().max() < 0.05
@@ -130,21 +132,21 @@ def test_plain_and_fast_logprobs_are_equal():
     student = torch.tensor([True, True, False, True, True])
     taught = torch.tensor([True, False, False, True, False])  # row 1 has a teacher row, not asked; row 4 has none
     fast = FastPath(tok.pad_token_id, micro_batch_rows=3)
-    plain_s, plain_t = rollout.student_teacher_logprobs(model, batch, student, taught)
-    fast_s, fast_t = rollout.student_teacher_logprobs(model, batch, student, taught, fast=fast)
+    plain_s, plain_t = rollout.student_teacher_logprobs(model, rows=batch, student=student, taught=taught)
+    fast_s, fast_t = fast.student_teacher_logprobs(model, rows=batch, student=student, taught=taught)
     assert (plain_s - fast_s).abs().max() < 1e-5 and (plain_t - fast_t).abs().max() < 1e-5
     assert plain_s[2].abs().sum() == 0 and plain_t[~taught].abs().sum() == 0  # not asked: not computed
     assert (plain_s != 0).sum() == sum(len(rows[b].response_ids) for b in range(5) if student[b])
     assert (plain_t[taught] - plain_s[taught]).abs().max() > 1e-3  # the block changes the log-probs
     T = batch.response_mask.shape[1]
     with model.disable_adapter():
-        ref_plain = rollout.rows_logprobs(model, rows, T, 1.0, student)
-        ref_fast = rollout.rows_logprobs(model, rows, T, 1.0, student, fast=fast)
+        ref_plain = rollout.rows_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
+        ref_fast = fast.rows_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
     assert (ref_plain - ref_fast).abs().max() < 1e-5 and (ref_plain - plain_s).abs().max() > 1e-4
     grads = []
-    for way in (None, fast):
+    for way in (rollout, fast):
         model.zero_grad()
-        logp = rollout.batch_logprobs(model, rows, 0.7, fast=way)  # (b, t) with gradient, at another temperature
+        logp = way.batch_logprobs(model, rows=rows, temperature=0.7)  # (b, t) with gradient, at another temperature
         logp.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         grads[-1]["logp"] = logp.detach()

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from advantage import kl_loss, policy_loss, sdar_loss, segment_gap, token_advantages
+from advantage import kl_loss, policy_loss, segment_gap, token_advantages
+from baselines import sdar_loss
 from infra.metrics import loss_stats
 
 

@@ -155,7 +155,7 @@ def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
     model, tok = load_policy(str(tmp_path / "tiny-qwen2"), load_in_4bit=True, device="cpu", lora_r=4, lora_alpha=8,
                              announce=lambda s: None)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
-    args = train.parse_args(["--load-in-4bit"] + flags(
+    args = train.parse_args(["--load-in-4bit", "True"] + flags(
         model=str(tmp_path / "tiny-qwen2"), preset="none", groups=2, group_size=2, max_steps=2, max_new_tokens=6,
         lr=1e-2, eval_every=0, hindsight="expert", output_dir=str(tmp_path / "run")))
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))

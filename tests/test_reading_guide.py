@@ -1,7 +1,7 @@
 """The reading guide (docs/reading-guide.md) and the exercises' README name only what exists:
 every file, every function or class at its line (`file.py:LINE name`; a drifted line fails),
 `module.name`, every notebook cell (`NN § heading`) and every METHOD.md section; and the five
-pipeline files a reader opens first have no line over 100 characters."""
+reading path (README, METHOD, the pipeline files, the env interface) stays short and narrow."""
 import ast
 import json
 import re
@@ -62,10 +62,17 @@ def test_every_reference_in_the_reading_guides_exists():
     assert checked >= 40
 
 
-def test_the_five_pipeline_files_have_no_line_over_100_characters():
-    """What a reader opens first reads without scrolling sideways: no line of segments.py, advantage.py,
-    rollout.py, train.py or eval.py is over 100 characters (the [speed] and infra files may be wider)."""
-    long = [f"{name}:{k} ({len(line)})" for name in ("segments.py", "advantage.py", "rollout.py", "train.py",
-                                                     "eval.py")
+# The reading path: what a reader opens to understand SHARPO and GRPO, in the README's order.
+READING_PATH = ("README.md", "METHOD.md", "segments.py", "advantage.py", "rollout.py", "train.py",
+                "envs/__init__.py")
+
+
+def test_the_reading_path_reads_in_one_sitting():
+    """What a reader opens first reads without scrolling sideways and in one sitting: no line of the
+    reading path (or of eval.py) is over 100 characters, and the reading path holds at most 75,000
+    characters together (the baselines, the [speed] passes, the flags and infra/ sit outside it)."""
+    long = [f"{name}:{k} ({len(line)})" for name in READING_PATH + ("eval.py",)
             for k, line in enumerate((ROOT / name).read_text().splitlines(), start=1) if len(line) > 100]
     assert not long, f"lines over 100 characters: {', '.join(long)}"
+    sizes = {name: len((ROOT / name).read_text(encoding="utf-8")) for name in READING_PATH}
+    assert sum(sizes.values()) <= 75_000, f"the reading path holds {sum(sizes.values())} characters: {sizes}"

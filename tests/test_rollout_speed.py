@@ -1,8 +1,10 @@
 """The rollouts' [speed] path (speed.shared_prefix_generate): each prompt prefix shared by several rows of a
 generate call is prefilled once; the sampling, the log-probs of the sampled tokens and the episodes are
-the plain path's (rollout.ModelPolicy without a FastPath), to float rounding."""
+the plain path's (rollout.generate), to float rounding."""
 import pytest
 import torch
+
+import rollout
 
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
@@ -60,12 +62,12 @@ def test_the_cached_prefill_samples_what_the_plain_one_does(batch):
     assert prefix_clusters(prompts)[0] == [0, 0, 0, 0, 0, 1]  # the task's rows share one prefix, the other
     # task's row shares only the template's header and stands alone
     logs, sampled = {}, {}
-    for name, fast in (("plain", None), ("fast", FastPath(tok.pad_token_id))):
+    for name, sample in (("plain", rollout.generate), ("fast", FastPath(tok.pad_token_id).generate)):
         logs[name] = []
         spy_logits(model, logs[name])
         torch.manual_seed(3)
         sampled[name] = ModelPolicy(model, tok, max_new_tokens=6, temperature=1.0, batch=batch,
-                                    fast=fast).generate(prompts)
+                                    generate=sample).generate(prompts)
         del model.generate  # the spy, off again
     assert [s[1] for s in sampled["plain"]] == [s[1] for s in sampled["fast"]]
     for plain, fast in zip(logs["plain"], logs["fast"]):
@@ -83,8 +85,8 @@ def test_a_greedy_rollout_of_the_demo_s_games_takes_the_same_actions_both_ways()
     env = make_env("alfworld", data_dir=DATA / "alfworld", max_steps=3)
     tasks = training_tasks(env, "train", 4)[:2]
     actions = {}
-    for name, fast in (("plain", None), ("fast", FastPath(tok.pad_token_id))):
-        policy = ModelPolicy(model, tok, max_new_tokens=48, temperature=0.0, fast=fast)
+    for name, sample in (("plain", rollout.generate), ("fast", FastPath(tok.pad_token_id).generate)):
+        policy = ModelPolicy(model, tok, max_new_tokens=48, temperature=0.0, generate=sample)
         trajs = play_episodes(env, [t for t in tasks for _ in range(2)], policy, history_len=2)
         actions[name] = [[s.action for s in t.steps] for t in trajs]
     env.close()

@@ -5,17 +5,16 @@ import torch
 from segments import (  # noqa: I001
     HINDSIGHT_HEADER,
     Row,
-    action_token_mask,
     add_hindsight,
     build_row,
     build_teacher_row,
     generation_prompt_ids,
     length_batches,
-    action_masks,
     make_rows,
     response_masks,
     shared_prefix_len,
 )
+from baselines import action_masks, action_token_mask
 from speed import collate_rows
 
 MESSAGES = [

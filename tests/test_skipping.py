@@ -9,7 +9,7 @@ import torch
 from types import SimpleNamespace
 
 import train
-from advantage import ALGORITHMS
+from baselines import ALGORITHMS
 from infra import metrics
 from infra.models import load_policy
 from stub_env import StubEnv
@@ -68,13 +68,13 @@ def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
     for k in full_stats:  # approx_kl_old is the mean over the tokens in the loss: without skipping, every row's
         if k != "update/approx_kl_old":
             assert part_stats[k] == pytest.approx(full_stats[k], abs=1e-6), k
-    if ALGORITHMS[algo].teacher:  # and the teacher metrics a run logs
+    if ALGORITHMS[algo].uses_teacher(SimpleNamespace(lam=0.5)):  # and the teacher metrics a run logs
         m_full, m_part = (metrics.teacher_metrics(metrics.Stages(b.trajs, b.rows, b.adv, b.logp, b.credit, b.update,
                                                                  None, None), algo, 0.2) for b in (full, part))
         assert m_full.keys() == m_part.keys()
         for k in m_full:
             assert m_part[k] == pytest.approx(m_full[k], abs=1e-6), k
-    assert full.adv.trained.all() and torch.equal(full.adv.taught, full.rows.has_hindsight & ALGORITHMS[algo].teacher)
+    assert full.adv.trained.all() and torch.equal(full.adv.taught, full.rows.has_hindsight & ALGORITHMS[algo].uses_teacher(SimpleNamespace(lam=0.5)))
 
 
 @pytest.mark.parametrize("kl", [0.0, 0.01])
@@ -83,26 +83,26 @@ def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, 
     _, batch, _, _, trainer = one_update(tmp_path, algo, kl, skip=True)
     adv, rows, logp = batch.adv, batch.rows, batch.logp
     spec = ALGORITHMS[algo]
-    if spec.step_groups:  # GiGPO's Ahat = A_i + omega * A_step
+    if algo == "gigpo":  # GiGPO's Ahat = A_i + omega * A_step
         zero = (adv.row + adv.step) == 0
     else:
         zero = adv.row == 0
     assert zero.any() and (~zero).any()
-    reads_all = kl > 0 or spec.sdar  # the KL and SDAR terms act on rows whose Ahat is 0
+    reads_all = kl > 0 or spec.reads_every_row  # the KL and SDAR terms act on rows whose Ahat is 0
     expected_student = torch.zeros_like(zero) if reads_all else zero
     assert torch.equal(~adv.trained, expected_student)
     line = metrics.iteration_metrics(metrics.Stages(batch.trajs, rows, adv, logp, batch.credit, batch.update,
                                                     metrics.Stopwatch(), trainer.actor), trainer.args, trainer.dist, 1)
     assert line["skipped/student"] == int(expected_student.sum())
-    if spec.teacher:
-        expected_teacher = rows.has_hindsight & (torch.zeros_like(zero) if spec.sdar else zero)
+    if spec.uses_teacher(trainer.args):
+        expected_teacher = rows.has_hindsight & (torch.zeros_like(zero) if spec.reads_every_row else zero)
         assert line["skipped/teacher"] == int(expected_teacher.sum())
         assert torch.equal(adv.taught, rows.has_hindsight & ~expected_teacher)
     # a skipped row's log-probs were never computed (0), a scored row's were (< 0)
     tokens = rows.response_mask
     assert (logp.student[~adv.trained] == 0).all()
     assert (logp.student[adv.trained][tokens[adv.trained]] < 0).all()
-    if spec.teacher:
+    if spec.uses_teacher(trainer.args):
         left = rows.has_hindsight & ~adv.taught & adv.trained  # scored as student, not as teacher
         assert torch.equal(logp.teacher[left], logp.student[left])
 

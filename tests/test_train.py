@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import train
-from advantage import ALGORITHMS, segment_multipliers
+from advantage import segment_multipliers
+from baselines import ALGORITHMS
 from envs import draw_tasks
 from infra import metrics
 from infra.cli import UserError
@@ -129,12 +130,14 @@ def test_samples_skip_an_episode_that_has_no_steps():
     step = Step([{"role": "user", "content": "Current observation: a room\nAdmissible actions: look"}], [1, 2], [3, 4],
                 "<action>look</action>", "look", 0.0)
     crashed, played = Trajectory("t0", 0, "x", hindsight="plan"), Trajectory("t1", 0, "x", steps=[step], hindsight="plan")
-    from segments import Advantages, Credit, LogProbs, Rows
+    from advantage import Advantages, Credit
+    from rollout import LogProbs
+    from segments import Rows
 
     rows = Rows(torch.tensor([1]), [step], [Row([1, 2, 3, 4], 2)], [None], torch.ones(1, 2, dtype=torch.bool), None,
                 torch.zeros(1, dtype=torch.bool), torch.tensor([True]))
     no = torch.tensor([False])
-    adv = Advantages(torch.zeros(1), None, None, no, no)
+    adv = Advantages(torch.zeros(1), no, no)
     stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2), None),
                             Credit(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), {}, None, None)
     tok = SimpleNamespace(decode=lambda ids: "t")
@@ -252,7 +255,7 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     adv = trainer.advantage(trajs, rows)
     adv.row = torch.where(adv.row == 0, torch.ones_like(adv.row), adv.row)
     adv.trained = torch.ones_like(rows.has_hindsight)  # every row carries credit
-    adv.taught = rows.has_hindsight & ALGORITHMS[algo].teacher  # so the teacher scores every hindsight row
+    adv.taught = rows.has_hindsight & ALGORITHMS[algo].uses_teacher(args)  # so the teacher scores every hindsight row
     logp = trainer.logprobs(rows, adv)
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
         logp.teacher = logp.teacher + torch.linspace(-0.5, 0.5, logp.teacher.shape[1])

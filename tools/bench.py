@@ -66,8 +66,10 @@ from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
-from speed import collate_rows, prefix_clusters, response_logprobs, rows_logprobs
-from segments import LogProbs, length_batches
+import rollout
+from speed import FastPath, collate_rows, prefix_clusters, response_logprobs
+from rollout import LogProbs
+from segments import length_batches
 
 
 @dataclass
@@ -193,7 +195,7 @@ class BenchTrainer(train.Trainer):
         adv = super().advantage(trajs, rows)
         if not self.skip_rows:
             adv.trained = torch.ones_like(adv.trained)  # every row in the student pass and the update
-            adv.taught = rows.has_hindsight & self.algo.teacher  # every row with hindsight in the teacher pass
+            adv.taught = rows.has_hindsight & self.algo.uses_teacher(self.args)  # every row with hindsight in the teacher pass
         return adv
 
     def logprobs(self, rows, adv, watch=None):
@@ -202,16 +204,17 @@ class BenchTrainer(train.Trainer):
         args, T = self.args, rows.response_mask.shape[1]
         self.model.eval()
         with metrics.timed(watch, "student"):
-            student = rows_logprobs(self.model, rows.rows, self.tokenizer.pad_token_id, args.micro_batch_rows, args.temperature, T,
-                                    only=adv.trained)  # (B, T)
+            fast = FastPath(self.tokenizer.pad_token_id, args.micro_batch_rows)
+            student = fast.rows_logprobs(self.model, rows=rows.rows, T=T, temperature=args.temperature,
+                                         only=adv.trained)  # (B, T)
         with metrics.timed(watch, "teacher"):
-            teacher = rows_logprobs(self.model, rows.teacher_rows, self.tokenizer.pad_token_id, args.micro_batch_rows,
-                                    args.temperature, T, only=adv.taught)  # (B, T) each teacher row whole
+            teacher = fast.rows_logprobs(self.model, rows=rows.teacher_rows, T=T, temperature=args.temperature,
+                                         only=adv.taught)  # (B, T) each teacher row whole
         ref = None
         if args.kl_coef > 0:
             with metrics.timed(watch, "reference"), self.model.disable_adapter():
-                ref = rows_logprobs(self.model, rows.rows, self.tokenizer.pad_token_id, args.micro_batch_rows, args.temperature, T,
-                                    only=adv.trained)  # (B, T)
+                ref = fast.rows_logprobs(self.model, rows=rows.rows, T=T, temperature=args.temperature,
+                                         only=adv.trained)  # (B, T)
         return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)
 
 
@@ -290,7 +293,7 @@ def demo_rollouts(env: str, repeats: int) -> dict:
     rounding). Also the prompt tokens the rows of a generate call share with another row of it."""
     unused = str(Path(tempfile.gettempdir()) / "sharpo-bench-rollouts")  # a Trainer alone writes no run folder
     trainer = train.Trainer(train.parse_args(["--preset", "cpu-demo", "--env", env, "--output-dir", unused]))
-    fast, seconds, played = trainer.actor.fast, {"plain": [], "shared prefixes": []}, {}
+    fast, seconds, played = FastPath(trainer.tokenizer.pad_token_id), {"plain": [], "shared prefixes": []}, {}
     calls, shared = [], []  # every generate call's prompts, and the tokens of each row in a shared prefix
     real = fast.generate
 
@@ -300,11 +303,10 @@ def demo_rollouts(env: str, repeats: int) -> dict:
         calls.append(sum(len(p) for p in prompts))
         shared.append(sum(lengths[c] for c in cluster_of if counts[c] > 1))
         return real(model, prompts, config)
-    fast.generate = recording
-    order = [("plain", None), ("shared prefixes", fast)]
+    order = [("plain", rollout.generate), ("shared prefixes", recording)]
     for r in range(repeats + 1):  # the first round warms up, and is not counted
         for way, actor_fast in (order if r % 2 == 0 else order[::-1]):
-            trainer.actor.fast, trainer.rng = actor_fast, random.Random(0)
+            trainer.actor.sample, trainer.rng = actor_fast, random.Random(0)
             torch.manual_seed(0)
             clock = time.perf_counter()
             trajs = trainer.rollout(1)

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import train
-from advantage import ALGORITHMS
+from baselines import ALGORITHMS
 from infra.checkpoint import find_checkpoint, read_iteration
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import SPLITS

@@ -63,7 +63,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from advantage import gigpo_step_advantages, grpo_advantages, rlsd_multipliers, segment_gap, segment_multipliers
+from advantage import grpo_advantages, segment_gap, segment_multipliers
+from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs import SPLITS, history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
@@ -72,11 +73,10 @@ from infra.cli import UserError, check_domains, parse_dataclass, run, seed_probl
 from infra.config import WARMSTART
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
-from speed import rows_logprobs
+from speed import FastPath
 from segments import (
     EXPERT_HEADLINE,
     Trajectory,
-    action_masks,
     build_row,
     build_teacher_row,
     format_plan,
@@ -351,15 +351,15 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     lengths = torch.tensor([len(r.response_ids) for r in rows])  # (B,)
     response_mask = response_masks(lengths, T)  # (B, T) True on the response, False on padding
     action_mask = action_masks(tokenizer, rows, T)[0]  # (B, T) tokens inside <action> (none: the whole response)
-    mb, pad = args.micro_batch_rows, tokenizer.pad_token_id
-    logp_student = rows_logprobs(model, rows, pad, mb, args.temperature, T, desc="student")  # (B, T)
+    fast = FastPath(tokenizer.pad_token_id, args.micro_batch_rows)
+    logp_student = fast.rows_logprobs(model, rows=rows, T=T, temperature=args.temperature, desc="student")  # (B, T)
     logp_teachers = {}
     for name in TEACHERS:
         teacher_rows = [build_teacher_row(tokenizer, s.messages, s.response_ids,
                                           format_plan(EXPERT_HEADLINE, blocks[trajs[i].task_id][name]))
                         for i, _, s in steps_kept]
-        logp_teachers[name] = rows_logprobs(model, teacher_rows, pad, mb, args.temperature, T,
-                                            desc=f"teacher: {name}")  # (B, T)
+        logp_teachers[name] = fast.rows_logprobs(model, rows=teacher_rows, T=T, temperature=args.temperature,
+                                                 desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones
     scores = step_scores(logp_student, logp_teachers, response_mask, action_mask, sign, args.eps_m)

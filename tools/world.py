@@ -47,8 +47,8 @@ from typing import Literal
 
 import torch
 
-from advantage import (gigpo_step_advantages, gigpo_token_advantages, grpo_advantages, policy_loss,
-                       rlsd_token_advantages, segment_gap, token_advantages)
+from advantage import grpo_advantages, policy_loss, segment_gap, token_advantages
+from baselines import gigpo_step_advantages, gigpo_token_advantages, rlsd_token_advantages
 from infra.cli import UserError, check_domains, parse_dataclass, run
 
 ALGOS = ("grpo", "sharpo", "stepopsd", "rlsd", "gigpo", "placebo", "centred")  # centred: g minus the episode's mean g

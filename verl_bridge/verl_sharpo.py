@@ -41,8 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: advantage.py, segments.py
 
-from advantage import (check_mixing, grpo_advantages, mix, moving_rows, rlsd_token_advantages,  # noqa: E402
-                       segment_multipliers)
+from advantage import check_mixing, grpo_advantages, mix, segment_multipliers  # noqa: E402
+from baselines import rlsd_token_advantages  # noqa: E402
 from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
 
 
@@ -110,8 +110,8 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, eps_m: f
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",
                   mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
     """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat
-    (advantage.moving_rows, the rule train.py skips by)."""
-    return moving_rows("sharpo", advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)[0])
+    (the rule train.py skips by: advantage.needed_rows)."""
+    return advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)[0] != 0
 
 
 def own_score_advantages(scores: torch.Tensor, groups: torch.Tensor, counted: torch.Tensor,

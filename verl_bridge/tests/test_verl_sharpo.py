@@ -13,8 +13,8 @@ torch.set_num_threads(1)
 
 from verl import DataProto  # noqa: E402  (the real package: these tests need it)
 
-from advantage import (grpo_advantages, rlsd_token_advantages, segment_gap, segment_multipliers,  # noqa: E402
-                       token_advantages)
+from advantage import grpo_advantages, segment_gap, segment_multipliers, token_advantages  # noqa: E402
+from baselines import rlsd_token_advantages  # noqa: E402
 from verl_bridge.verl_sharpo import hindsight_messages, needs_teacher, runs_of_ones, sharpo_advantages  # noqa: E402
 
 

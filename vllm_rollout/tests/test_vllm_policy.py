@@ -11,7 +11,7 @@ pytest.importorskip("vllm", reason="the vLLM extra is installed apart: bash vllm
 
 from infra.models import load_policy
 from segments import build_row, generation_prompt_ids  # noqa: E402
-from speed import rows_logprobs  # noqa: E402  (the trainer's default path)
+from speed import FastPath  # noqa: E402  (the trainer's default path)
 from vllm_rollout.policy import VLLMPolicy  # noqa: E402
 
 torch.set_num_threads(1)
@@ -41,7 +41,7 @@ def _move(model, seed):
 def _mean_abs(policy, model, tok, outs, **kw):
     rows = [build_row(tok, c, r) for c, (_, r, _) in zip(CONTEXTS, outs)]
     T = max(len(r.response_ids) for r in rows)
-    trainer = rows_logprobs(model, rows, tok.pad_token_id, 4, 1.0, T)  # (B, T)
+    trainer = FastPath(tok.pad_token_id, 4).rows_logprobs(model, rows=rows, T=T)  # (B, T)
     diffs = [(torch.tensor(policy.sampled[(tuple(p), tuple(r))]) - trainer[b, : len(r)]).abs()
              for b, (p, r, _) in enumerate(outs)]
     return float(torch.cat(diffs).mean())
