@@ -16,9 +16,10 @@ and never settled, where one thread's settled in 5 repeats (docs/scaling.md).
 A decision is kept per CPU model, torch version and model in $SHARPO_CACHE/dtype.json (default
 ~/.cache/sharpo) and read in milliseconds after. A record the rule cannot vouch for (another rule's, a
 missing field, a ratio that is not a finite positive number, a verdict its own figures contradict) is
-measured anew and dropped from the file. A damaged or oversized file is ignored and rewritten; one that is
-not a regular file (a FIFO, a folder) is opened without blocking, ignored and never written over.
-`--dtype bf16` and `--dtype fp32` are taken as given, and a resumed run keeps its own.
+measured anew; other keys' records are left as they were, whatever wrote them. A damaged or oversized file
+is ignored and rewritten; one that is not a regular file (a FIFO, a folder) is opened without blocking,
+ignored and never written over. `--dtype bf16` and `--dtype fp32` are taken as given, and a resumed run
+keeps its own.
 
 The test model ("tiny") is float32: nothing about its speed says anything, and tests stay exact.
 """
@@ -294,8 +295,7 @@ def measured_cpu_dtype(model: str, once=None, cap_s: float = CAP_S) -> dict:
     if not verdict.settled:
         not_kept = "too noisy to decide"
     else:  # a file that is not a regular file is left alone
-        kept = {k: v for k, v in cached.items() if valid_record(v)}
-        not_kept = unusable or write_cache(path, {**kept, key: record})
+        not_kept = unusable or write_cache(path, {**cached, key: record})  # others' records as they were
     return {**record, "cached": False, "settled": verdict.settled, "not_kept": not_kept}
 
 
