@@ -18,7 +18,7 @@ also printed per repeat, each from two adjacent iterations. --ways (WAYS below):
   old          before --dtype and the shared context: float32, each teacher row computed whole;
   no-skipping  new, with every row scored and in the update (the same result);
   bf16, fp32   new, in that precision whatever --dtype auto picks on this machine (auto times the
-               model's MLP block in both, infra/precision.py: `--ways bf16,fp32` checks it stage by stage).
+               model's decoder layer in both, infra/precision.py: `--ways bf16,fp32` checks it stage by stage).
 The default --kl-coef 0 is the CPU demo's: with a KL term every row stays in the update and
 only the teacher pass skips rows.
 
