@@ -117,8 +117,8 @@ PARTS = {
 }
 # The two calls docs/scaling.md plans after results/gpu-h200/ (the dry run runs every part: --parts all).
 NEXT_CALLS = {
-    1: "course-iteration,bf16-compare,bf16-passes,bf16-prefill,compare",
-    2: "course-iteration,bf16-iteration",
+    1: "course-iteration,bf16-compare,bf16-passes,bf16-prefill,compare",  # --decode-batches 64 --course-steps 5
+    2: "bf16-iteration,bf16-compare",  # --decode-batches 128 --iteration-episodes 64 --iteration-steps 4
 }
 
 
