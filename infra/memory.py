@@ -3,7 +3,8 @@
 One calculator serves docs/scaling.md's per-card table (`card_table`, checked by tests/test_docs.py)
 and train.py's check before it loads a model on a GPU (`fit_problem`: a setting that cannot fit is
 one line naming the flag to change). All figures in GiB (2^30 bytes). Each term says where it comes
-from: computed from the shape, or estimated from a measurement (docs/scaling.md, "One GPU: the plan").
+from: computed from the shape, or calibrated on the device check's peaks on one H200 (the 7B shape in
+nf4, results/gpu-h200/; tests/test_memory.py holds every peak within 10%).
 
 Phases, each held at its own time (the engine of --rollout vllm sleeps while the trainer computes):
   rollout   weights + LoRA state + generate's prefill and KV cache (hf), or vLLM's share of the card
@@ -18,7 +19,10 @@ GIB = 2**30
 HEADROOM = 0.9  # a plan may use 90% of the card: the allocator's fragmentation and what it does not count
 PROMPT_TOKENS = {"alfworld": 780, "webshop": 900}  # the longest prompt at --history 2 (docs/scaling.md)
 PROMPT_TOKENS_PER_HISTORY_PAIR = 150  # what one more observation/action pair adds (estimated)
-ACTIVATION_TERMS = 21  # (H + I)-sized bf16 tensors a token keeps while one checkpointed layer recomputes
+ACTIVATION_TERMS = 5  # (H + I)-sized tensors a token keeps while one checkpointed layer recomputes and runs its
+# backward: calibrated (the H200's update peak, 4 x 4,096 tokens: 0.43 MB a token at 7B with the checkpoints)
+PREFILL_TERMS = 5  # I-sized tensors a token holds in a no-grad forward (the MLP's gate and up, their LoRA outputs,
+# the product): calibrated (the H200's prefill peaks, 32 and 128 prompts of 780 tokens: 0.24 MB a token with its KV)
 HEAD_GIB = 0.5  # the head's float32 slice (256 MiB) and its logits chunk (256 MiB): speed.head_chunks
 VLLM_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens: the size of the forward it reserves for
 
@@ -83,6 +87,15 @@ class Setting:
     rollout: str = "hf"
     vllm_gpu_memory: float = 0.35
     gradient_checkpointing: bool = True
+    optimizer: str = "held"  # what the LoRA holds beside its float32 weights: "held" (training: gradients and
+    # Adam's two moments in every phase), "first" (a run's first iteration: nothing before its first step), "none"
+    # (no optimizer, the device check's parts: gradients in the update only)
+    prefill_prompts: int = 0  # prompts a generate call prefills in full (0: each of them); [speed] prefills a prefix
+    # shared by several prompts once (speed.shared_prefix_generate), so identical prompts count once
+
+
+LORA_BYTES = {  # bytes a LoRA parameter holds (rollout and passes, update): float32 weights, gradients, 2 moments
+    "held": (16, 16), "first": (4, 16), "none": (4, 8)}
 
 
 def weight_bytes(shape: Shape, load_in_4bit: bool, fp32: bool = False) -> float:
@@ -91,6 +104,16 @@ def weight_bytes(shape: Shape, load_in_4bit: bool, fp32: bool = False) -> float:
     other = shape.vocab * shape.hidden * (1 if shape.tied else 2)
     linear = shape.linear_params()
     return 0.52 * linear + 2 * other if load_in_4bit else (4 if fp32 else 2) * (linear + other)
+
+
+def parameter_bytes(shape: Shape, s: Setting) -> float:
+    """What tools/device_check.py's build reports as weights (the parameters' bytes): nf4's packed 0.5 byte a
+    projection parameter (its quantization constants are not parameters), the rest in bf16 (or float32), and
+    the LoRA's float32 weights (computed)."""
+    other = shape.vocab * shape.hidden * (1 if shape.tied else 2)
+    base = 0.5 * shape.linear_params() + 2 * other if s.load_in_4bit else (4 if s.fp32 else 2) * (
+        shape.linear_params() + other)
+    return base + 4 * shape.lora_params(s.lora_r)
 
 
 def prompt_tokens(env: str, history: str, max_steps: int = 0) -> int:
@@ -102,32 +125,37 @@ def prompt_tokens(env: str, history: str, max_steps: int = 0) -> int:
 def plan(shape: Shape, s: Setting, card_gib: float | None = None) -> dict:
     """GiB of each term and each phase's total; `peak` is the largest phase. card_gib: the card's
     memory, which --rollout vllm takes its share of."""
+    if s.optimizer not in LORA_BYTES:
+        raise ValueError(f"optimizer must be one of {sorted(LORA_BYTES)}; got {s.optimizer!r}")
     weights = weight_bytes(shape, s.load_in_4bit, s.fp32) / GIB
     lora = 16 * shape.lora_params(s.lora_r) / GIB  # float32 weights, gradients and Adam's two moments
+    lora_other, lora_update = (b * shape.lora_params(s.lora_r) / GIB for b in LORA_BYTES[s.optimizer])
     row = s.prompt_tokens + s.max_new_tokens
     tokens = s.micro_batch_rows * row  # one micro-batch
     width = 4 if s.fp32 else 2  # bytes an activation: bf16 under autocast, or float32
     kv_token = shape.kv_bytes_per_token() * width // 2
-    per_token = ACTIVATION_TERMS * (shape.hidden + shape.intermediate) * width  # one layer recomputed
+    forward_token = PREFILL_TERMS * shape.intermediate * width  # a no-grad forward's transient, a token (calibrated)
+    per_token = ACTIVATION_TERMS * (shape.hidden + shape.intermediate) * width  # one layer recomputed (calibrated)
     layers = width * shape.layers * shape.hidden if s.gradient_checkpointing else per_token * (shape.layers - 1)
-    activations = tokens * (per_token + layers) / GIB  # estimated: 1.15 MB a token at 7B (scaling.md)
-    passes = tokens * (kv_token + 4 * shape.hidden) / GIB + HEAD_GIB  # no grad: a micro-batch's cache, states
+    activations = tokens * (per_token + layers) / GIB  # 0.43 MB a token at 7B (measured, H200)
+    passes = tokens * (kv_token + forward_token + 2 * width * shape.hidden) / GIB + HEAD_GIB  # no grad: the cache
     out = {"weights": weights, "lora_state": lora, "activations": activations, "head": HEAD_GIB,
            "passes": passes, "prefill": 0.0, "kv_cache": 0.0, "vllm_engine": 0.0}
     if s.rollout == "hf":
         at_once = s.rollout_batch or s.episodes
-        out["prefill"] = at_once * s.prompt_tokens * 3 * shape.intermediate * width / GIB  # MLP intermediates
+        prefilled = min(s.prefill_prompts or at_once, at_once)
+        out["prefill"] = prefilled * s.prompt_tokens * forward_token / GIB  # the MLP's intermediates, calibrated
         out["kv_cache"] = at_once * row * kv_token / GIB  # left-padded to the longest prompt
-        rollout = weights + lora + out["prefill"] + out["kv_cache"]
+        rollout = weights + lora_other + out["prefill"] + out["kv_cache"]
     else:
         engine = s.vllm_gpu_memory * (card_gib or 0.0)  # what vLLM claims; its weights, reserve and KV inside
         out["vllm_engine"] = engine
         out["vllm_weights"] = weight_bytes(shape, False) / GIB  # vLLM 0.33 serves bf16 (no nf4 loader)
         out["vllm_reserve"] = (VLLM_BATCHED_TOKENS * 3 * shape.intermediate * 2 + 0.5 * GIB) / GIB  # + CUDA graphs
         out["vllm_kv"] = engine - out["vllm_weights"] - out["vllm_reserve"]
-        rollout = weights + lora + engine
-    out["phases"] = {"rollout": rollout, "passes": weights + lora + passes,
-                     "update": weights + lora + activations + HEAD_GIB}
+        rollout = weights + lora_other + engine
+    out["phases"] = {"rollout": rollout, "passes": weights + lora_other + passes,
+                     "update": weights + lora_update + activations + HEAD_GIB}
     out["peak"] = max(out["phases"].values())
     return out
 
@@ -182,8 +210,8 @@ CARDS = {  # usable GiB of each card (what torch sees, less the CUDA context)
 }
 CARD_SETTINGS = [  # (card, model, setting, what it is): the rows of docs/scaling.md's table
     ("24 GB (L4, A10, RTX 4090)", "Qwen/Qwen2.5-7B-Instruct", Setting(rollout_batch=32), "nf4, generate 32 at a time"),
-    ("24 GB (L4, A10, RTX 4090)", "Qwen/Qwen2.5-7B-Instruct", Setting(load_in_4bit=False, rollout_batch=32),
-     "bf16, 4 rows a micro-batch"),
+    ("24 GB (L4, A10, RTX 4090)", "Qwen/Qwen2.5-7B-Instruct", Setting(load_in_4bit=False, rollout_batch=8),
+     "bf16, generate 8 at a time"),
     ("24 GB (L4, A10, RTX 4090)", "Qwen/Qwen2.5-1.5B-Instruct",  # tests/test_gpu_path.py: the preset's own
      Setting(load_in_4bit=False, lora_r=32, episodes=16, prompt_tokens=780, max_new_tokens=192),
      "bf16, the course card (--preset course)"),

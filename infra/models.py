@@ -383,38 +383,47 @@ def last_layers(base, n: int) -> dict:
 
 QWEN7B_SHAPE = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                     num_attention_heads=28, num_key_value_heads=4, rope_theta=1e6, rms_norm_eps=1e-6)
+QWEN1_5B_SHAPE = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                      num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True)  # Qwen2.5-1.5B-Instruct's config: the course card's model
 TINY_SHAPE = dict(vocab_size=1024, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2)  # the same build on a CPU in seconds (tools/device_check.py --model tiny)
 
 
 def qwen7b_shape_model(device: str = "cuda", shape: dict | None = None, lora_r: int = 64):
-    """A Qwen2.5-7B-shaped model with random weights in nf4 4-bit with LoRA r 64, built from its config (no
-    download; timings do not depend on the weights' values), as load_policy's 4-bit path builds the real one:
-    every linear layer but the head a bitsandbytes Linear4bit (bf16 compute), peft's bitsandbytes LoRA layers
-    on them, bf16 elsewhere, non-reentrant gradient checkpointing. shape: other sizes (TINY_SHAPE for a CPU).
-    Returns (peft model, tokenizer)."""
-    # deferred: bitsandbytes only for 4-bit weights
-    import bitsandbytes as bnb
+    """A Qwen2.5-7B-shaped model with random weights in nf4 4-bit with LoRA r 64 (shape_model)."""
+    return shape_model(device, shape or QWEN7B_SHAPE, lora_r, load_in_4bit=True)
 
-    config = Qwen2Config(**(shape or QWEN7B_SHAPE), tie_word_embeddings=False, max_position_embeddings=32768)
+
+def shape_model(device: str, shape: dict, lora_r: int, load_in_4bit: bool = True):
+    """A Qwen2-style model of `shape` (a config's sizes; tie_word_embeddings among them, else untied) with random
+    weights, built from its config (no download; timings do not depend on the weights' values) as load_policy
+    builds the real one on a GPU: in 4-bit, every linear layer but the head a bitsandbytes Linear4bit (nf4, bf16
+    compute) under peft's bitsandbytes LoRA layers; else bf16 weights under peft's LoRA layers (float32); bf16
+    elsewhere, non-reentrant gradient checkpointing, LoRA r `lora_r` (alpha = r) on the seven projections.
+    Returns (peft model, tokenizer)."""
+    config = Qwen2Config(**{"tie_word_embeddings": False, **shape}, max_position_embeddings=32768)
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(device):
             model = Qwen2ForCausalLM(config)
     finally:
         torch.set_default_dtype(torch.float32)
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear) and child_name != "lm_head":
-                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4")
-                q.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False, quant_type="nf4").to(device)
-                if child.bias is not None:
-                    q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-                if device == "cpu":  # bitsandbytes 0.50's CPU repacking breaks training (load_policy says more)
-                    q.support_avx512bf16_for_cpu = False
-                setattr(module, child_name, q)
-    model.is_loaded_in_4bit = True  # what from_pretrained sets: peft then wraps the 4-bit layers in its bnb LoRA layers
+    if load_in_4bit:
+        import bitsandbytes as bnb  # deferred: bitsandbytes only for 4-bit weights
+
+        for module in list(model.modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, torch.nn.Linear) and child_name != "lm_head":
+                    q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4")
+                    q.weight = bnb.nn.Params4bit(child.weight.data.cpu(), requires_grad=False, quant_type="nf4").to(device)
+                    if child.bias is not None:
+                        q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                    if device == "cpu":  # bitsandbytes 0.50's CPU repacking breaks training (load_policy says more)
+                        q.support_avx512bf16_for_cpu = False
+                    setattr(module, child_name, q)
+        model.is_loaded_in_4bit = True  # what from_pretrained sets: peft then wraps the 4-bit layers in its bnb LoRA layers
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     tokenizer = build_tiny_tokenizer()  # ids decode to little text; the synthetic env ignores it
