@@ -172,7 +172,7 @@ class SHARPO:
     shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)
     per_token = False  # one multiplier a segment (RLSD's is per token)
     reads_every_row = False  # a loss term of its own reads rows whose Ahat is 0 (SDAR's)
-    loss_names: tuple[str, ...] = ()  # the terms loss_terms adds (SDAR's "sdar_loss")
+    loss_names: tuple[str, ...] = ()  # the terms loss_terms adds (SDAR's)
 
     def uses_teacher(self, args) -> bool:
         """Whether the teacher pass runs: only where the multiplier can change Ahat (lam > 0)."""
@@ -200,7 +200,7 @@ class SHARPO:
 
 
 class GRPO(SHARPO):
-    """--algo grpo: lam = 0, the group advantage on every token; no teacher pass at all."""
+    """--algo grpo: lam = 0, Ahat = A on every token; no teacher pass."""
 
     mixes = False
 

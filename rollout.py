@@ -113,7 +113,8 @@ class LogProbs:
     """Log-probs of the sampled tokens (train.py's stage 4), (B, T); rows a pass left out hold 0."""
 
     student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline, PPO's old
-    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; = student untaught
+    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; train.py: = student
+    #                        on rows the teacher did not score (m = 1)
     ref: torch.Tensor | None  # (B, T) the reference (adapter off), for the KL term; or None
 
 

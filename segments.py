@@ -1,9 +1,9 @@
 """Segments: cut each trajectory at environment turns into one training row per step.
 
 At step k the policy saw a context c_k (chat messages) and sampled a response a_k. Segment k is
-the tokens of a_k, every sampled token, the end-of-turn token included. One row per step:
+the tokens of a_k, every sampled token (end-of-turn included, when sampled). One row per step:
 
-    student_k = [ ids(c_k) as fed to generate | header | a_k as sampled ]
+    student_k = [ ids(c_k) and the assistant header, as fed to generate | a_k as sampled ]
     teacher_k = [ ids(c_k) | hindsight block turn | header | a_k ]
                   the prompt (never trained on)            the segment (response_mask True)
 

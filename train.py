@@ -10,7 +10,7 @@ Each iteration is seven stages, in METHOD.md's order; each returns what it compu
   5. credit     Ahat = A_i * ((1 - lam) + lam * m_i,k) (Eq. 2-5)               -> Credit
   6. update     PPO-clip on Ahat (+ KL), token-mean (Eq. 6-7)
   7. log        the metrics line and a few sample trajectories
-Stages 3, 5 and 6 ask --algo: advantage.py's SHARPO or GRPO, or a baseline (baselines.py).
+Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a baseline of baselines.py).
 Lines marked [run] (run folder, logs, checks: infra/), [distributed] (several processes) and
 [speed] (speed.py: rollout.py's numbers, batched; --plain runs rollout.py's) may be skipped.
 
@@ -91,7 +91,7 @@ class Trainer:
                                      args.rollout_batch, self.passes.generate)
         else:  # [run] vLLM decodes, behind the same act()
             self.actor = vllm_policy(model, tokenizer, args)
-        resume_state(self, ckpt)  # [run] iteration_done, and a resume's optimizer and random states
+        resume_state(self, ckpt)  # [run] iteration_done; a resume's optimizer and random states
 
     def iteration(self) -> tuple[dict, list[dict]]:
         """One iteration: (metrics line, sample trajectories)."""
@@ -143,7 +143,7 @@ class Trainer:
     def advantage(self, trajs: list[Trajectory], rows: Rows) -> Advantages:
         groups = torch.tensor([t.group for t in trajs])  # (N,) the group of each trajectory
         rewards = torch.tensor([t.reward for t in trajs])  # (N,) R_i
-        if self.args.shuffle_rewards:  # the placebo: each group's rewards dealt out by chance
+        if self.args.shuffle_rewards:  # the placebo: a group's rewards dealt out by chance
             seed = stream_seed("placebo", self.args.seed, self.iteration_done)
             rewards = shuffled_within_groups(rewards, groups, torch.Generator().manual_seed(seed))
         return self.algo.advantages(rewards, groups, rows, self.args)  # advantage.py's SHARPO

@@ -79,7 +79,7 @@ class DataParallel:
         """One optimizer step that every process takes together: the token-mean pieces of the gradients
         and statistics summed over processes, the gradient norm clipped, the step applied. A parameter
         without a gradient (a minibatch of rows left out) gets zeros: the step still moves the weights
-        through Adam's momentum. When any process's loss or the gradient norm is not finite, no process
+        through Adam's momentum (once it has any: a run's first step on zeros moves nothing). When any process's loss or the gradient norm is not finite, no process
         steps (returns None). Returns the summed statistics and grad_norm."""
         for p in params:
             p.grad = torch.zeros_like(p) if p.grad is None else p.grad

@@ -292,7 +292,8 @@ class UpdateLog:
         clipped, infra/distributed.py), or skipped by all when a loss or the gradient is not finite.
         After a step, `row` is scored again: a step that made the policy's log-probs non-finite stops
         the run in one line, before anything of the iteration is checkpointed. Returns whether a step
-        was taken (the weights moved: Adam moves them even on an all-zero gradient)."""
+        was taken: from then on PPO's old log-probs are the student pass's (on an all-zero gradient a
+        step moves the weights only once AdamW's moments are non-zero, not on a run's first step)."""
         stats = self.total(self.stats) if self.all_finite else {}
         step = self.dist.step(optimizer, params, self.args.grad_clip, self.all_finite, stats)
         self.stats, self.all_finite = [], True
