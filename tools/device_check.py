@@ -198,7 +198,7 @@ def decode_compared(model, tokenizer, device: str, batch: int, args: DeviceCheck
                              pad_token_id=tokenizer.pad_token_id, use_cache=True)
     sampled = sampling_config(tokenizer, model, args.new_tokens, 1.0)
     sampled.min_new_tokens = args.new_tokens  # forced lengths, as the decode part
-    policy = ModelPolicy(model, tokenizer, args.new_tokens, 1.0, batch=0, fast=FastPath(tokenizer.pad_token_id))
+    policy = ModelPolicy(model, tokenizer, args.new_tokens, 1.0, batch=0, generate=FastPath(tokenizer.pad_token_id).generate)
     policy.config.min_new_tokens = args.new_tokens  # the rollout's own call, lengths forced (tools.bench's way)
     steps = {}
 
