@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The optional verl bridge (verl_bridge/) gets its own virtual environment:
 # verl 0.9.1 pins transformers < 5.11, and this project's requirements.txt pins 5.24.
-#   bash verl_bridge/install_verl.sh [VENV_DIR]        (default: .venv-verl; ~2 GB, ~3-5 min)
+#   bash verl_bridge/install_verl.sh [VENV_DIR]        (default: .venv-verl; ~2 GB, ~1 min from a local torch wheel)
 #   VENV_DIR/bin/python -m pytest -q verl_bridge/tests
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the repository root: VENV_DIR is relative to it
