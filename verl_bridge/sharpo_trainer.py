@@ -140,15 +140,11 @@ def hindsight_blocks(data: DataProto, tokenizer, settings: SharpoSettings) -> li
 
 
 # ------------------------------------------------------------------ 2. teacher rows
-def teacher_prompt_ids(tokenizer, student_prompt: list[int], block: str,
-                       template_kwargs: dict | None = None) -> list[int]:
-    """The teacher's prompt: the student's prompt ids with the hindsight turn put before the
-    assistant header that ends them, both as the chat template renders them.
-
-    The template renders a probe conversation twice, for generation and with the block as one more
-    user turn (segments.add_hindsight); past their shared start, the first ends in the header,
-    the second in the block's turn and the header. The student's prompt must end with that
-    header (it was rendered for generation by the same template)."""
+def hindsight_turn(tokenizer, block: str, template_kwargs: dict | None = None) -> tuple[list[int], list[int]]:
+    """(header, turn): the ids the chat template ends a prompt with for generation (the assistant
+    header), and the ids it puts there instead when the block is one more user turn (the block's
+    turn, then the header). The template renders a probe conversation both ways
+    (segments.add_hindsight); past their shared start, the two differ by exactly these."""
     kwargs = dict(template_kwargs or {})
     probe = [{"role": "user", "content": "task"}]
     plain = _template_ids(tokenizer, probe, kwargs)
@@ -156,7 +152,13 @@ def teacher_prompt_ids(tokenizer, student_prompt: list[int], block: str,
     shared = 0
     while shared < min(len(plain), len(taught)) and plain[shared] == taught[shared]:
         shared += 1
-    header, turn = plain[shared:], taught[shared:]
+    return plain[shared:], taught[shared:]
+
+
+def teacher_prompt_ids(student_prompt: list[int], header: list[int], turn: list[int], tokenizer) -> list[int]:
+    """The teacher's prompt: the student's prompt ids with the hindsight turn put before the
+    assistant header that ends them (`hindsight_turn`). The student's prompt must end with that
+    header: it was rendered for generation by the same template."""
     if student_prompt[len(student_prompt) - len(header):] != header:
         raise ValueError(
             "sharpo: a student prompt does not end with the chat template's assistant header "
@@ -233,8 +235,9 @@ class SharpoRayPPOTrainer(RayPPOTrainer):
         Lp = batch.batch["prompts"].shape[1]
         prompt_mask = batch.batch["attention_mask"][:, :Lp].bool()  # (B, Lp) the prompt's real tokens
         template_kwargs = self.config.data.get("apply_chat_template_kwargs", None) or {}
-        prompts = [teacher_prompt_ids(self.tokenizer, batch.batch["prompts"][b][prompt_mask[b]].tolist(),
-                                      blocks[b], template_kwargs) for b in rows]
+        turns = {blocks[b]: hindsight_turn(self.tokenizer, blocks[b], template_kwargs) for b in rows}  # once a block
+        prompts = [teacher_prompt_ids(batch.batch["prompts"][b][prompt_mask[b]].tolist(), *turns[blocks[b]],
+                                      self.tokenizer) for b in rows]
         taught = teacher_batch(batch, rows, prompts, self.tokenizer.pad_token_id)
         padded, pad = pad_dataproto_to_divisor(taught, self._teacher_divisor())  # repeats rows, dropped below
         scored, _ = self._compute_old_log_prob(padded)  # verl's own actor pass, no update

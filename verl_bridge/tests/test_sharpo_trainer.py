@@ -26,7 +26,8 @@ from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan
-from verl_bridge.sharpo_trainer import SharpoRayPPOTrainer, SharpoSettings, hindsight_blocks, teacher_prompt_ids
+from verl_bridge.sharpo_trainer import (SharpoRayPPOTrainer, SharpoSettings, hindsight_blocks, hindsight_turn,
+                                        teacher_prompt_ids)
 from verl_bridge.tests import cpu_verl  # conftest.py imported it first: verl's platform is the CPU
 from verl_bridge.verl_sharpo import advantages_and_segments
 
@@ -260,9 +261,10 @@ def test_the_teacher_prompt_is_the_chat_template_with_one_more_turn():
     block = format_plan(SIBLING_HEADLINE, ["look", "go to fridge 1"])
     want = tokenizer.encode(tokenizer.apply_chat_template(add_hindsight(task, block), add_generation_prompt=True,
                                                           tokenize=False), add_special_tokens=False)
-    assert teacher_prompt_ids(tokenizer, chat_prompt(tokenizer, TASKS["a"]), block) == want
+    header, turn = hindsight_turn(tokenizer, block)
+    assert teacher_prompt_ids(chat_prompt(tokenizer, TASKS["a"]), header, turn, tokenizer) == want
     with pytest.raises(ValueError, match="assistant header"):
-        teacher_prompt_ids(tokenizer, chat_prompt(tokenizer, TASKS["a"])[:-2], block)
+        teacher_prompt_ids(chat_prompt(tokenizer, TASKS["a"])[:-2], header, turn, tokenizer)
 
 
 def unique_rows(passed: DataProto) -> set:
@@ -281,8 +283,8 @@ def test_only_moving_samples_with_hindsight_go_to_the_teacher(run):
     assert len(taught) == 4 and len(unique_rows(taught)) == 2  # padded to the micro-batch of 4
     block = format_plan(SIBLING_HEADLINE, ["take mug 1 from countertop 1", "move mug 1 to coffeemachine 1"])
     responses = steps.batch["responses"][[2, 3]]
-    want = {tuple(teacher_prompt_ids(tokenizer, chat_prompt(tokenizer, TASKS["a"]), block)
-                  + r[steps.batch["response_mask"][2 + k].bool()].tolist()) for k, r in enumerate(responses)}
+    prompt = teacher_prompt_ids(chat_prompt(tokenizer, TASKS["a"]), *hindsight_turn(tokenizer, block), tokenizer)
+    want = {tuple(prompt + r[steps.batch["response_mask"][2 + k].bool()].tolist()) for k, r in enumerate(responses)}
     assert unique_rows(taught) == want
     assert run["metrics"]["sharpo/taught_share"] == 2 / 8 and run["metrics"]["sharpo/moving_share"] == 6 / 8
 
