@@ -50,7 +50,8 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.model import compute_position_id_with_mask
 
 from verl_bridge.verl_sharpo import label_ids, needs_teacher, runs_of_ones, sharpo_advantages  # isort: split
-from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan  # the repository root, on the path now
+from advantage import check_mixing  # the repository root is on the path now (verl_sharpo put it there)
+from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan
 
 
 @dataclass
@@ -76,6 +77,7 @@ class SharpoSettings:
             raise ValueError(f"sharpo: unknown setting(s) {sorted(unknown)}; the settings are "
                              f"{[f.name for f in fields(cls)]}")
         settings = cls(**section)
+        check_mixing(settings.lam, settings.eps_m)
         if settings.layout not in ("per_step", "per_trajectory"):
             raise ValueError(f"sharpo.layout must be 'per_step' or 'per_trajectory'; got {settings.layout!r}")
         if settings.layout == "per_step" and config.trainer.get("balance_batch", False):

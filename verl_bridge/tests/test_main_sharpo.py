@@ -22,6 +22,7 @@ def test_check_config_refuses_what_the_launcher_does_not_run():
     for overrides, message in ((["trainer.use_v1=True"], "use_v1=False"),
                                (["algorithm.adv_estimator=gae"], "adv_estimator=grpo"),
                                (["+sharpo.lamda=0.3"], "unknown setting"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.eps_m=1.5"], "eps_m"),
                                (["+sharpo.layout=per_turn"], "per_step' or 'per_trajectory"),
                                (["+sharpo.layout=per_step"], "balance_batch=False")):
         with pytest.raises(ValueError, match=message):
