@@ -30,6 +30,7 @@ the student's (verl's old_log_probs). Returns Ahat (B, T_response), 0 outside se
 Compute only where credit flows (as train.py does): `needs_teacher(data)` marks the samples
 whose A_i != 0, the only ones whose teacher log-probs can change Ahat. Run the teacher on those
 alone and give every other sample its student log-probs (any finite values give the same Ahat: 0).
+sharpo_trainer.py does all of this inside verl's own trainer.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student
     return mix(adv, mults.gather(1, segment_ids.clamp(min=0)), response_mask, lam)  # (B, T) each token its segment's
 
 
-def _labels(values) -> torch.Tensor:
+def label_ids(values) -> torch.Tensor:
     """Any hashable labels (numpy object arrays of uid strings) -> (N,) long ids."""
     index: dict = {}
     return torch.tensor([index.setdefault(v, len(index)) for v in np.asarray(values).tolist()])
@@ -133,9 +134,9 @@ def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str,
     batch, extra = data.batch, data.non_tensor_batch
     mask = batch[mask_key]  # (B, T) 1 = a generated token
     rewards = batch[reward_key].sum(dim=-1).double()  # (B,) each sample's reward
-    groups = _labels(extra["uid"])  # (B,)
+    groups = label_ids(extra["uid"])  # (B,)
     if layout == "per_step":
-        traj = _labels(extra["traj_uid"])  # (B,) trajectory of each step sample
+        traj = label_ids(extra["traj_uid"])  # (B,) trajectory of each step sample
         if episode_stats == "step":
             counted = torch.ones_like(traj, dtype=torch.bool)  # (B,) every step sample
         elif episode_stats == "trajectory":
