@@ -147,6 +147,9 @@ def pick_games(env, split: str, num_games: int) -> list[str]:
         by_type[env.task_type(task_id)].append(task_id)
     queues = [sorted(ids) for _, ids in sorted(by_type.items())]
     total = sum(len(q) for q in queues)
+    if total == 0:  # an evaluation of no game is no result
+        raise UserError(f"the {split} split of {env.name}'s data holds no game to play: check "
+                        "--data-dir, or choose another --split")
     n = total if num_games <= 0 else min(num_games, total)
     picked, k = [], 0
     while len(picked) < n:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
-from envs.make import make_env, resolve_workers  # noqa: F401  (building an env by name)
+from envs.make import draw_tasks, make_env, resolve_workers, training_tasks  # noqa: F401
 from errors import UserError
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
@@ -60,21 +60,3 @@ def history_length(value: str) -> int | None:
     if not value.isdigit():
         raise ValueError(f"--history must be a non-negative integer or 'all'; got {value!r}")
     return int(value)
-
-
-def training_tasks(env, split: str, max_plan_len: int = 0) -> list[str]:
-    """The task ids of `split`; max_plan_len > 0 keeps those whose expert plan is no longer."""
-    tasks = env.tasks(split)
-    if max_plan_len > 0:
-        tasks = [t for t in tasks if len(env.expert_plan(t)) <= max_plan_len]
-        if not tasks:
-            raise UserError(f"no {split} task has an expert plan of <= {max_plan_len} steps")
-    return tasks
-
-
-def draw_tasks(rng, tasks: list[str], n: int) -> list[str]:
-    """n tasks for one iteration: distinct while there are enough, then again from a fresh draw."""
-    chosen = []
-    while len(chosen) < n:
-        chosen += rng.sample(tasks, min(n - len(chosen), len(tasks)))
-    return chosen

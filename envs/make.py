@@ -1,5 +1,6 @@
 """Building an env by name: its packages imported only when it is asked for, ALFWorld's episodes in
-worker processes when several cores can play them (envs/workers.py).
+worker processes when several cores can play them (envs/workers.py); and the tasks a run trains on,
+drawn for each iteration.
 """
 from __future__ import annotations
 
@@ -41,3 +42,24 @@ def resolve_workers(flag: int, batch: int) -> int:
     if flag > 0:
         return flag
     return max(1, min(os.cpu_count() or 1, batch))
+
+
+def training_tasks(env, split: str, max_plan_len: int = 0) -> list[str]:
+    """The task ids of `split`; max_plan_len > 0 keeps those whose expert plan is no longer."""
+    tasks = env.tasks(split)
+    if not tasks:  # before any lock is taken or loop starts: a draw from nothing never ends
+        raise UserError(f"the {split} split of {env.name}'s data holds no task: check --data-dir "
+                        f"(or ${env.name.upper()}_DATA), or choose another --split")
+    if max_plan_len > 0:
+        tasks = [t for t in tasks if len(env.expert_plan(t)) <= max_plan_len]
+        if not tasks:
+            raise UserError(f"no {split} task has an expert plan of <= {max_plan_len} steps")
+    return tasks
+
+
+def draw_tasks(rng, tasks: list[str], n: int) -> list[str]:
+    """n tasks for one iteration: distinct while there are enough, then again from a fresh draw."""
+    chosen = []
+    while len(chosen) < n:
+        chosen += rng.sample(tasks, min(n - len(chosen), len(tasks)))
+    return chosen

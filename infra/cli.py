@@ -68,6 +68,9 @@ def run(main) -> None:
     train.py) and 130, 143, 129, 141 or 74."""
     catch_sigterm()
     streams = sys.stdout, sys.stderr
+    for name in ("stdout", "stderr"):  # a stream closed at start (`>&-`) is None: its lines go nowhere
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
     sys.stdout, sys.stderr = GuardedStream(sys.stdout, "output"), GuardedStream(sys.stderr, "error")
     try:
         result = main()

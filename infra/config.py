@@ -42,6 +42,7 @@ RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "e
                      "samples_per_iter", "rollout_batch", "micro_batch_rows", "plain", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "report_to")  # not --preset: a resumed run keeps its flags, presets apply to new runs
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
+MAX_OPTIMIZER_STEPS = 4096  # --minibatches x --ppo-epochs an iteration (the paper's: 2 x 1)
 DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
 REAL_DATA = {  # where each env's real data comes from (docs/environments.md)
     "alfworld": "on a connected machine, pip install alfworld==0.4.2 and run alfworld-download, then set ALFWORLD_DATA "
@@ -276,6 +277,8 @@ def check_args(args) -> None:
                       "eval_every", "samples_per_iter", "gigpo_omega", "rollout_batch", "lora_layers"),
         finite=("gigpo_gamma",),
     )
+    if math.isfinite(args.ppo_clip) and not args.ppo_clip < 1:  # r in [1 - clip, 1 + clip]: a ratio stays > 0
+        problems.append(f"--ppo-clip must be in (0, 1) (PPO's window is [1 - clip, 1 + clip]); got {args.ppo_clip}")
     if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above
         problems.append(f"--gigpo-gamma must be in [0, 1]; got {args.gigpo_gamma}")
     try:  # lam and eps_m: advantage.py's one check, its message
@@ -284,7 +287,9 @@ def check_args(args) -> None:
         problems.append(str(err))
     for flag, value, limit in (("--groups x --group-size (episodes per iteration)", args.groups * args.group_size,
                                 MAX_EPISODES), ("--max-steps", args.max_steps, MAX_STEPS),
-                               ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS)):
+                               ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS),
+                               ("--minibatches x --ppo-epochs (optimizer steps per iteration)",
+                                args.minibatches * args.ppo_epochs, MAX_OPTIMIZER_STEPS)):
         if value > limit:
             problems.append(f"{flag} is {value}, above this project's limit of {limit}: an iteration that size "
                             "would not finish in a day on one GPU (the paper's setting is 16 x 8, 50 steps, 256 tokens)")

@@ -488,3 +488,45 @@ def test_a_checkpoint_removed_while_it_loads_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "load_policy", pruned)
     with pytest.raises(UserError, match="was removed while it loaded .*load the run folder"):
         checkpoint.load_checkpoint_policy(ckpt)
+
+
+# ----------------------------------------------------------------------------- round six (issue 65, in part)
+def test_an_empty_split_is_one_line_not_a_draw_that_never_ends():
+    """A split with no task (a WebShop folder whose one goal went to the other split) is a one-line
+    error where the tasks are read, for training and for an evaluation: at b60459e training drew from
+    nothing forever (holding the run's lock), and eval.py reported 0 episodes as success 0.0."""
+    from types import SimpleNamespace
+
+    from envs import training_tasks
+    from eval import pick_games
+
+    empty = SimpleNamespace(name="webshop", tasks=lambda split: [], task_type=lambda t: "x")
+    with pytest.raises(UserError, match="the train split of webshop's data holds no task"):
+        training_tasks(empty, "train")
+    with pytest.raises(UserError, match="the test split of webshop's data holds no game"):
+        pick_games(empty, "test", 3)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--minibatches", "100000000"], "optimizer steps per iteration"),
+    (["--ppo-epochs", "100000000"], "optimizer steps per iteration"),
+    (["--ppo-clip", "1e300"], r"--ppo-clip must be in \(0, 1\)"),
+])
+def test_sizes_that_take_days_and_a_clip_past_one_are_refused(tmp_path, argv, needle):
+    """--minibatches or --ppo-epochs of 10^8 (2,146 hours an iteration) and a PPO clip past 1 (a
+    RuntimeError in the update at b60459e) are refused before anything loads, naming the flag."""
+    with pytest.raises(UserError, match=needle):
+        train.parse_args(argv + flags(model="tiny", preset="none", output_dir=str(tmp_path / "r")))
+
+
+def test_a_run_with_stdin_and_stdout_closed_runs(tmp_path):
+    """`train.py ... >&- <&-`: Python starts with sys.stdout None; the run goes on, its lines going
+    nowhere (an AttributeError in infra/cli.py at b60459e)."""
+    command = [sys.executable, "train.py", *flags(model="tiny", preset="none", env="webshop", groups=1, group_size=2,
+                                                   max_steps=2, max_new_tokens=8, lora_r=4, lora_alpha=8,
+                                                   eval_every=0, hindsight="expert", iterations=1,
+                                                   output_dir=str(tmp_path / "run"))]
+    done = subprocess.run(["bash", "-c", " ".join(command) + " >&- <&-"], cwd=ROOT, capture_output=False,
+                          stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
