@@ -136,8 +136,11 @@ def load_products(items_path: Path, attrs_path: Path) -> list[dict]:
         bullets = _field(p, "small_description", items_path, asin, (list, str))
         bullets = _str_list(bullets if isinstance(bullets, list) else [bullets], f"{items_path}: product {asin}, field 'small_description'")
         pricing = _field(p, "pricing", items_path, asin, (str, type(None)))
-        prices = [float(re.sub(r"[^\d.]", "", x)) for x in str(pricing or "").split("$")[1:] if re.fullmatch(r"\d+(\.\d+)?", re.sub(r"[^\d.]", "", x))]
-        prices = prices[:2] or [100.0]
+        parts = [re.sub(r"[^\d.]", "", x) for x in str(pricing or "").split("$")[1:]]  # "$12.99 - $15.99"
+        if not all(re.fullmatch(r"\d+(\.\d+)?", x) for x in parts):  # "$abc": not a price, not a default
+            raise DataError(f"{items_path}: product {asin}, field 'pricing' {str(pricing)[:40]!r}: each '$' must be "
+                            "followed by a number of dollars")
+        prices = [float(x) for x in parts][:2] or [100.0]  # no price at all: upstream's $100
         if not all(math.isfinite(x) and 0 <= x < MAX_PRICE for x in prices):
             raise DataError(f"{items_path}: product {asin}, field 'pricing' {str(pricing)[:40]!r}: a price must be "
                             f"a finite number of dollars below {MAX_PRICE:,.0f}")

@@ -84,6 +84,7 @@ def test_webshop_json_nested_too_deeply_is_one_error(tmp_path):
     ("items_shuffle", lambda d: d[0].update(customization_options={"color": "red"}), "option 'color'"),
     ("items_ins_v2", lambda d: d.update({next(iter(d)): {"attributes": "soft"}}), "'attributes' should be a list"),
     ("items_shuffle", lambda d: d[0].update(pricing="$" + "9" * 400), "'pricing'"),
+    ("items_shuffle", lambda d: d[0].update(pricing="$abc"), "each '\\$' must be followed by a number"),
     ("items_shuffle", lambda d: d[0].update(customization_options={"size": [{"value": "Description"}]}), "page button"),
     ("items_shuffle", lambda d: d[0].update(customization_options={"size": [{"value": "\u2122"[:0] + "\u00a0"}]}), "empty"),
 ])
