@@ -530,3 +530,23 @@ def test_a_run_with_stdin_and_stdout_closed_runs(tmp_path):
                           stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_credit_plays_the_checkpoint_s_env(tmp_path, monkeypatch):
+    """tools.credit on a WebShop run's checkpoint plays WebShop (at b60459e: ALFWorld, and credit.json
+    said so), and an --env that contradicts the checkpoint is one line, as in eval.py."""
+    from tools import credit
+
+    run = tiny_run_folder(tmp_path, env="webshop")
+    with pytest.raises(UserError, match="was trained on webshop"):
+        credit.main(["--checkpoint", str(run), "--env", "alfworld", "--games", "1", "--seeds", "0"])
+    seen = []
+
+    def stop(args):
+        seen.append((args.env, args.split))
+        raise UserError("stopped here")
+
+    monkeypatch.setattr(credit, "load", stop)
+    with pytest.raises(UserError, match="stopped here"):
+        credit.main(["--checkpoint", str(run), "--games", "1", "--seeds", "0"])
+    assert seen == [("webshop", credit.HELD_OUT["webshop"])]

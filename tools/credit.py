@@ -55,6 +55,7 @@ errors.quiet_start(__name__)
 
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,8 +69,8 @@ from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs import SPLITS, history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
-from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy
-from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
+from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
+from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
 from infra.config import WARMSTART
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
@@ -95,7 +96,7 @@ HELD_OUT = {"alfworld": "valid_seen", "webshop": "test"}  # --split's default: g
 class CreditArgs:
     """Command-line flags of credit.py."""
 
-    env: Literal["alfworld", "webshop"] = "alfworld"  # environment
+    env: Literal["alfworld", "webshop"] = "alfworld"  # environment (with --checkpoint: its run's)
     model: str | None = None  # HF id or path, "smollm2" or "tiny"; default: smollm2 without a GPU, else Qwen2.5-7B
     init_adapter: str | None = None  # warm start merged first; default: the shipped one for smollm2 on alfworld
     dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); a checkpoint keeps its run's
@@ -538,6 +539,15 @@ def main(argv: list[str] | None = None) -> dict:
     if not seeds:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
     problems += seed_problems("--seeds", seeds)
+    if args.checkpoint:  # a run's policy plays its run's env (and data), as in eval.py
+        trained = read_config(find_checkpoint(args.checkpoint))  # no config.json: one line, here
+        given = given_flags(CreditArgs, sys.argv[1:] if argv is None else argv)
+        if "env" in given and given["env"] != trained["env"]:
+            raise UserError(f"{args.checkpoint} was trained on {trained['env']}: drop --env (it defaults to the "
+                            f"checkpoint's) or pass --env {trained['env']}")
+        args.env = trained["env"]
+        if args.data_dir is None and isinstance(trained.get("data_dir"), str):
+            args.data_dir = trained["data_dir"]
     args.split = args.split or HELD_OUT[args.env]
     if args.split not in SPLITS[args.env]:  # before the model loads
         problems.append(f"--split for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {args.split!r}")
