@@ -70,6 +70,9 @@ def _read_json(path: Path, what: str):
         raise DataError(f"{path}: not valid JSON ({err})") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply to be env data") from None
+    except OSError as err:  # there but unreadable: permission denied, an I/O error (as ALFWorld's)
+        raise DataError(f"cannot read {path} ({err.strerror or err}): make the data readable (chmod -R a+rX "
+                        "the data folder)") from None
 
 
 def _find(root: Path, pattern: str, what: str) -> Path:

@@ -550,3 +550,27 @@ def test_credit_plays_the_checkpoint_s_env(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="stopped here"):
         credit.main(["--checkpoint", str(run), "--games", "1", "--seeds", "0"])
     assert seen == [("webshop", credit.HELD_OUT["webshop"])]
+
+
+def test_an_unreadable_webshop_file_is_one_line(tmp_path, monkeypatch):
+    """A WebShop data file that cannot be read (another user's, mode 600: a PermissionError at
+    b60459e, from train.py and eval.py) is one line naming the file and what to do, as ALFWorld's is.
+    Simulated: this test runs as root, whom permissions do not stop."""
+    import shutil
+    from pathlib import Path as _Path
+
+    from envs.webshop import WebShopEnv
+    from errors import DataError
+
+    root = tmp_path / "shop"
+    shutil.copytree(ROOT / "data" / "webshop", root)
+    real = _Path.read_text
+
+    def denied(self, *a, **k):
+        if self.name.startswith("items_shuffle"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(_Path, "read_text", denied)
+    with pytest.raises(DataError, match=r"cannot read .*items_shuffle.*Permission denied.*chmod"):
+        WebShopEnv(data_dir=root)
