@@ -34,6 +34,7 @@ import errno
 import json
 import os
 import random
+import re
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -294,6 +295,9 @@ def main(argv: list[str] | None = None) -> dict:
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
     out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
+    if IN_LOOP_RECORD.fullmatch(out.name) and out.exists():
+        raise UserError(f"{out} is a run's own evaluation (train.py --eval-every wrote it): "
+                        "eval.py never replaces it; pass another --out, or none")
     check_writable(out)  # before any game is played: a path that cannot take the JSON costs nothing
     if args.policy == "expert":
         policy = ExpertPolicy()
@@ -340,13 +344,19 @@ def check_writable(out: Path) -> None:
                         "run folder is where the JSON goes by default)") from None
 
 
+IN_LOOP_RECORD = re.compile(r"eval_.+_iter-\d{6,}\.json")  # train.py's own (--eval-every)
+
+
 def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
-    """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, eval_<env>_<split>_<iter-N>.json in
-    its run folder."""
+    """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, evalpy_<env>_<split>_<iter-N>.json
+    in its run folder, or -2, -3, ... after the name where one is there: an evaluation of eval.py
+    never replaces another, nor the run's own (eval_<env>_<split>_iter-N.json, train.py's)."""
     if ckpt is None:
         return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
-
-    return run_dir_of(ckpt) / f"eval_{env}_{split}_{ckpt.name}.json"
+    stem, k = f"evalpy_{env}_{split}_{ckpt.name}", 1
+    while (run_dir_of(ckpt) / f"{stem}{'' if k == 1 else f'-{k}'}.json").exists():
+        k += 1
+    return run_dir_of(ckpt) / f"{stem}{'' if k == 1 else f'-{k}'}.json"
 
 
 def load_model_policy(args: EvalArgs, ckpt: Path | None):

@@ -4,6 +4,7 @@ A run folder (train.py --output-dir):
     config.json                  the resolved flags of the run (replaced atomically, never half-written)
     metrics.jsonl, samples.jsonl one JSON line per iteration (append-only; a torn last line is dropped at resume)
     eval_<env>_<split>_iter-000004.json   each in-loop evaluation (--eval-every), in eval.py's format
+    evalpy_<env>_<split>_iter-000004.json each eval.py --checkpoint (-2, -3, ... after it: none replaced)
     checkpoints/iter-000007/     complete checkpoints, the last --keep-checkpoints of them
     latest -> checkpoints/iter-000007   a symlink, replaced atomically once that checkpoint is complete
     .lock                        held (flock) by the one train.py writing the folder; the holder's pid inside

@@ -574,3 +574,19 @@ def test_an_unreadable_webshop_file_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(_Path, "read_text", denied)
     with pytest.raises(DataError, match=r"cannot read .*items_shuffle.*Permission denied.*chmod"):
         WebShopEnv(data_dir=root)
+
+
+def test_eval_never_replaces_the_run_s_own_evaluation(tmp_path):
+    """eval.py --checkpoint RUN after the run's in-loop evaluation of the same iteration leaves that
+    record byte-identical and writes its own beside it; a second eval.py writes a third file; --out
+    aimed at the run's record is refused. At b60459e it replaced the record without a word."""
+    run = tiny_run_folder(tmp_path, iterations=1, eval_every=1, eval_games=2, env="webshop")
+    record = run / "eval_webshop_test_iter-000001.json"
+    before = record.read_bytes()
+    for _ in range(2):
+        done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--max-steps", "1")
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert record.read_bytes() == before
+    assert (run / "evalpy_webshop_test_iter-000001.json").is_file() and (run / "evalpy_webshop_test_iter-000001-2.json").is_file()
+    done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--out", str(record))
+    assert done.returncode == 2 and "never replaces it" in done.stderr and record.read_bytes() == before

@@ -114,7 +114,7 @@ def test_eval_expert_and_a_trained_checkpoint(tmp_path):
     m = eval_script.main(["--policy", "model", "--checkpoint", str(tmp_path / "run"),
                           "--num-games", "2", "--max-steps", "2", "--max-new-tokens", "4"])
     assert m["episodes"] == 2 and m["invalid_rate"] == 1.0  # a random tiny model cannot answer validly
-    assert (tmp_path / "run" / "eval_alfworld_valid_unseen_iter-000001.json").exists()
+    assert (tmp_path / "run" / "evalpy_alfworld_valid_unseen_iter-000001.json").exists()
 
 
 def test_eval_samples_each_game_several_times(tmp_path):
