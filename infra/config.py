@@ -135,7 +135,9 @@ def resolve_defaults(args) -> None:
     if args.output_dir is None:
         args.output_dir = f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
     if args.data_dir is None and os.environ.get(DATA_VARIABLE[args.env]):  # config.json says which data it played
-        args.data_dir = str(Path(os.environ[DATA_VARIABLE[args.env]]).expanduser().resolve())
+        args.data_dir = os.environ[DATA_VARIABLE[args.env]]
+    if args.data_dir is not None:  # absolute: the same folder for every later reader, from any working folder
+        args.data_dir = str(Path(args.data_dir).expanduser().resolve())
 
 
 # Flags added after some runs were saved: a config.json without one takes its default, said in one line.
@@ -186,6 +188,8 @@ def resume_args(cls, given: dict):
     if "dtype" in given and given["dtype"] == "auto":  # auto is what it resolves to here
         given = {**given, "dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu",
                                                  saved.get("model"))}
+    if given.get("data_dir") is not None:  # the run recorded it absolute
+        given = {**given, "data_dir": str(Path(given["data_dir"]).expanduser().resolve())}
     changed = [k for k, v in given.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)

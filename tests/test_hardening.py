@@ -590,3 +590,24 @@ def test_eval_never_replaces_the_run_s_own_evaluation(tmp_path):
     assert (run / "evalpy_webshop_test_iter-000001.json").is_file() and (run / "evalpy_webshop_test_iter-000001-2.json").is_file()
     done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--out", str(record))
     assert done.returncode == 2 and "never replaces it" in done.stderr and record.read_bytes() == before
+
+
+def test_a_relative_data_dir_is_recorded_as_the_folder_it_meant(tmp_path, monkeypatch):
+    """--data-dir shop, typed relative, is recorded absolute in config.json, so eval.py --checkpoint from
+    another working folder (one with its own ./shop) plays the run's catalog, not that one; a resume
+    that types it relative again is the same run. At b60459e config.json kept `shop` as typed."""
+    import shutil
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "data" / "webshop", work / "shop")
+    elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    run = tiny_run_folder(tmp_path, env="webshop", data_dir="shop")
+    saved = json.loads((run / "config.json").read_text())["data_dir"]
+    assert saved == str((work / "shop").resolve())
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(UserError, match="continues the same experiment"):  # another folder's shop: refused
+        shutil.copytree(ROOT / "data" / "webshop", elsewhere / "shop")
+        train.parse_args(["--resume", str(run), "--data-dir", "shop", "--iterations", "2"])
+    monkeypatch.chdir(work)
+    assert train.parse_args(["--resume", str(run), "--data-dir", "shop", "--iterations", "2"]).data_dir == saved
