@@ -611,3 +611,51 @@ def test_a_relative_data_dir_is_recorded_as_the_folder_it_meant(tmp_path, monkey
         train.parse_args(["--resume", str(run), "--data-dir", "shop", "--iterations", "2"])
     monkeypatch.chdir(work)
     assert train.parse_args(["--resume", str(run), "--data-dir", "shop", "--iterations", "2"]).data_dir == saved
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda run: (run / "eval_alfworld_valid_seen_iter-000004.json").write_text('{"success": 0.5, "ga'),
+     "is not valid JSON"),
+    (lambda run: (run / "eval_alfworld_valid_seen_iter-000004.json").write_text('{"games": {}}'),
+     "'success' should be a number"),
+    (lambda run: (run / "eval_alfworld_valid_seen_iter-000004.json").write_text("[1, 2]"),
+     "should hold a JSON object"),
+    (lambda run: (run / "config.json").write_text('{"env": "alf'), "is not valid JSON"),
+    (lambda run: (run / "eval_alfworld_valid_seen_iter-best.json").write_text('{"success": 1.0}'), None),
+])
+def test_compare_reads_damaged_records_in_one_line(tmp_path, damage, needle):
+    """tools.compare --gather-only over a run whose records are damaged: a truncated evaluation or
+    config.json, a record without `success`, one that is a list: one line naming the file (at b60459e
+    a JSONDecodeError, KeyError or TypeError traceback); a copy under another name
+    (eval_..._iter-best.json, a ValueError at b60459e) is not one of the run's records, and is passed by."""
+    from tools import compare
+
+    record = {"success": 0.5, "games": {"valid_seen/g0": {"won": True, "steps": 3}},
+              "config": {"env": "alfworld", "split": "valid_seen", "iteration": 4, "checkpoint": None,
+                         "max_steps": 6, "max_new_tokens": 64}}
+    (tmp_path / "eval_start_valid_seen.json").write_text(json.dumps(record))
+    run = tmp_path / "sharpo-seed0"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": None}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success": 0.5, "seconds/rollout": 1.0})
+                                               + "\n" for i in (1, 2, 3, 4)))
+    (run / "eval_alfworld_valid_seen_iter-000004.json").write_text(json.dumps(record))
+    damage(run)
+    argv = ["--algos", "sharpo", "--seeds", "0", "--out", str(tmp_path), "--gather-only", "--eval-split",
+            "valid_seen", "--eval-max-steps", "6", "--", "--env", "alfworld", "--iterations", "4"]
+    if needle is None:
+        assert compare.main(argv)["sharpo"]["held_out_after"] is not None
+    else:
+        with pytest.raises(UserError, match=needle):
+            compare.main(argv)
+
+
+def test_compare_out_that_cannot_take_results_is_one_line(tmp_path):
+    """tools.compare --out under a file (as a read-only mount refuses a folder): one line before any run."""
+    from tools import compare
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot take the results"):
+        compare.main(["--algos", "sharpo", "--seeds", "0", "--out", str(blocker / "out"), "--gather-only",
+                      "--", "--env", "alfworld", "--iterations", "4"])

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import train
 from baselines import ALGORITHMS
-from infra.checkpoint import find_checkpoint, read_iteration
+from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
 from infra.config import SPLITS
 
@@ -223,11 +223,28 @@ def wall_minutes(metrics: list[dict]) -> list[float]:
     return out
 
 
+IN_LOOP_RECORD = re.compile(r"eval_.+_iter-(\d{6,})\.json")  # train.py's --eval-every names, and no other
+
+
+def evaluation_record(path: Path) -> dict:
+    """An evaluation record (eval.py's JSON), checked where it is read: a JSON object whose `success` is
+    a number, else one line naming the file (a truncated, hand-made or foreign file is no result)."""
+    record = read_json(path, "an evaluation record (eval.py's JSON)")
+    success = record.get("success")
+    if not isinstance(success, (int, float)) or isinstance(success, bool) or not math.isfinite(success):
+        raise UserError(f"{path}: 'success' should be a number, found {success!r:.40}: not an evaluation "
+                        "record; move it out of the run folder, or evaluate again")
+    if not isinstance(record.get("config", {}), dict):
+        raise UserError(f"{path}: 'config' should be a JSON object: not an evaluation record")
+    return record
+
+
 def in_loop_evaluations(run: Path, split: str = "*") -> dict[int, dict]:
     """A run's in-loop evaluation records on `split` (eval_<env>_<split>_iter-N.json, eval.py's
-    format), by iteration, in order of iteration."""
-    paths = {int(p.stem.rsplit("-", 1)[1]): p for p in run.glob(f"eval_*_{split}_iter-*.json")}
-    return {it: json.loads(paths[it].read_text(encoding="utf-8")) for it in sorted(paths)}
+    format), by iteration, in order of iteration; a copy under another name is not one of them."""
+    paths = {int(m.group(1)): p for p in run.glob(f"eval_*_{split}_iter-*.json")
+             if (m := IN_LOOP_RECORD.fullmatch(p.name))}
+    return {it: evaluation_record(paths[it]) for it in sorted(paths)}
 
 
 def eval_curve(run: Path, split: str, metrics: list[dict], start: float | None) -> list[tuple[int, float, float]]:
@@ -411,15 +428,15 @@ def evaluated_iteration(path: Path) -> int | None:
     """The training iteration of the checkpoint an eval.py result evaluated (None: no such file or no checkpoint)."""
     if not path.is_file():
         return None
-    config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
-    found = re.search(r"iter-(\d+)", config.get("checkpoint") or "")
+    config = evaluation_record(path).get("config", {})
+    found = re.search(r"iter-(\d+)", str(config.get("checkpoint") or ""))
     return int(found.group(1)) if found else None
 
 
 def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs") -> Path | None:
     """The run's own evaluation of `iteration` on `split`, when it used the limits --eval-* asks for."""
     for path in run.glob(f"eval_*_{split}_iter-{iteration:06d}.json"):
-        config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
+        config = evaluation_record(path).get("config", {})
         if config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens:
             return path
     return None
@@ -444,7 +461,9 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
     first = next((run for run in runs_of.values() if (run / "config.json").is_file()), None)
     if first is None:
         return {}
-    config = json.loads((first / "config.json").read_text(encoding="utf-8"))
+    config = read_json(first / "config.json", "the run's training flags")
+    if not all(isinstance(config.get(k), str) for k in ("env", "model")):
+        raise UserError(f"{first / 'config.json'} has no 'env' and 'model' of train.py's: not a run's config")
     common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
     jobs = {"start": (out / f"eval_start_{split}{tag}.json", ["--model", config["model"]]  # in the runs' precision:
                       + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
@@ -466,7 +485,7 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
             subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
                            stdout=subprocess.DEVNULL)
         if path.is_file():
-            results[key] = json.loads(path.read_text(encoding="utf-8"))
+            results[key] = evaluation_record(path)
     return results if "start" in results else {}
 
 
@@ -497,7 +516,13 @@ def main(argv: list[str] | None = None) -> dict:
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before any run: a folder that cannot take the results costs nothing
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".write-check").write_text("", encoding="utf-8")
+        (out / ".write-check").unlink()
+    except OSError as err:
+        why = file_system_problem(err, out) or err.strerror or err
+        raise UserError(f"--out {out} cannot take the results ({why}): pass another --out") from None
     runs_of = {(a, s): out / f"{a}-seed{s}" for s in seeds for a in algos}  # seed by seed: what is done compares
     if not args.gather_only:
         todo = [(key, run_state(run, run_flags.iterations)) for key, run in runs_of.items()]
@@ -541,7 +566,7 @@ def main(argv: list[str] | None = None) -> dict:
     extra = {}
     if args.eval_split:
         greedy_start = out / f"eval_start_{args.eval_split}.json"  # the in-loop curves are greedy: so is their start
-        start = json.loads(greedy_start.read_text(encoding="utf-8"))["success"] if greedy_start.is_file() else None
+        start = evaluation_record(greedy_start)["success"] if greedy_start.is_file() else None
         curves = {a: [eval_curve(runs_of[(a, s)], args.eval_split, runs[a][s], start) for s in seeds if runs[a][s]]
                   for a in algos}
         if any(len(c) > 1 for runs_c in curves.values() for c in runs_c):
