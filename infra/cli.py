@@ -79,6 +79,13 @@ def run(main) -> None:
         _close_progress_bars()
         _say(f"error: {err}")
         code = 2
+    except OSError as err:  # a name longer than the file system takes, in any path flag of any script
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        _close_progress_bars()
+        _say(f"error: a path has a name longer than the file system allows (255 bytes a folder or file "
+             f"name on most): {str(err.filename)[:80]}...; shorten it")
+        code = 2
     except KeyboardInterrupt as err:
         _close_progress_bars()
         how = err.how if isinstance(err, Stopped) else (err if isinstance(err, Terminated) else False)

@@ -659,3 +659,17 @@ def test_compare_out_that_cannot_take_results_is_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot take the results"):
         compare.main(["--algos", "sharpo", "--seeds", "0", "--out", str(blocker / "out"), "--gather-only",
                       "--", "--env", "alfworld", "--iterations", "4"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["train.py", "--model", "tiny", "--preset", "none", "--data-dir", "/tmp/" + "x" * 300, "--output-dir", "{tmp}"],
+    ["train.py", "--resume", "/tmp/" + "x" * 300],
+    ["eval.py", "--policy", "model", "--checkpoint", "/tmp/" + "x" * 300],
+    ["-m", "tools.plots", "/tmp/" + "x" * 300],
+])
+def test_a_path_name_too_long_is_one_line(tmp_path, argv):
+    """A path component over 255 bytes, in any script's path flag: one line and exit 2 (an
+    `OSError: [Errno 36] File name too long` traceback at b60459e)."""
+    done = _cli(*[a.replace("{tmp}", str(tmp_path / "r")) for a in argv])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert done.stderr.strip().splitlines()[-1].startswith("error: a path has a name longer than")
