@@ -115,7 +115,6 @@ class LogProbs:
     student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline, PPO's old
     teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; train.py: = student
     #                        on rows the teacher did not score (m = 1)
-    ref: torch.Tensor | None  # (B, T) the reference (adapter off), for the KL term; or None
 
 
 # ------------------------------------------------------------------ sampling

@@ -5,10 +5,10 @@ Each iteration is seven stages, in METHOD.md's order; each returns what it compu
   2. segments   one training row per step, and the hindsight teacher's row     -> Rows
   3. advantage  A_i, GRPO over each group from the rewards alone (Eq. 1), and
                 which rows the next stages compute (section 4)                -> Advantages
-  4. logprobs   of the sampled tokens: the student's (before the update), its
-                teacher's (hindsight context), the reference's (KL)           -> LogProbs
+  4. logprobs   of the sampled tokens: the student's (before the update) and its
+                teacher's (hindsight context)                                 -> LogProbs
   5. credit     Ahat = A_i * ((1 - lam) + lam * m_i,k) (Eq. 2-5)               -> Credit
-  6. update     PPO-clip on Ahat (+ KL), token-mean (Eq. 6-7)
+  6. update     PPO-clip on Ahat (+ KL to the reference, the adapter off), token-mean (Eq. 6-7)
   7. log        the metrics line and a few sample trajectories
 Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a baseline of baselines.py).
 Lines marked [run] (run folder, logs, checks: infra/), [distributed] (several processes) and
@@ -102,10 +102,10 @@ class Trainer:
         with watch("segments"):
             rows = self.segments(trajs)  # 2. segments
         adv = self.advantage(trajs, rows)  # 3. advantage
-        logp = self.logprobs(rows, adv, watch)  # 4. logprobs: student, teacher, reference
+        logp = self.logprobs(rows, adv, watch)  # 4. logprobs: student, teacher
         credit = self.credit(rows, adv, logp)  # 5. credit
         with watch("update"):
-            update = self.update(rows, adv, logp, credit)  # 6. update
+            update = self.update(rows, adv, logp, credit, watch)  # 6. update
         self.iteration_done = it
         done = metrics.Stages(trajs, rows, adv, logp, credit, update, watch, self.actor)  # 7. log
         return (metrics.iteration_metrics(done, self.args, self.dist, it),
@@ -148,29 +148,23 @@ class Trainer:
             rewards = shuffled_within_groups(rewards, groups, torch.Generator().manual_seed(seed))
         return self.algo.advantages(rewards, groups, rows, self.args)  # advantage.py's SHARPO
 
-    # 4. logprobs: of the sampled tokens, by the student before the update, its teacher, the ref
+    # 4. logprobs: of the sampled tokens, by the student before the update, and by its teacher
     def logprobs(self, rows: Rows, adv: Advantages, watch=None) -> LogProbs:
-        args, T = self.args, rows.response_mask.shape[1]
-        desc = f"iter {self.iteration_done + 1}"
         self.model.eval()
         student, teacher = self.passes.student_teacher_logprobs(
             self.model, rows=rows, student=adv.trained, taught=adv.taught,
-            temperature=args.temperature, desc=desc, watch=watch)  # (B, T) each
-        ref = None
-        if args.kl_coef > 0:  # the reference of the KL term: the same weights, adapter off (Eq. 7)
-            with metrics.timed(watch, "reference"), self.model.disable_adapter():
-                ref = self.passes.rows_logprobs(self.model, rows=rows.rows, T=T,
-                                                temperature=args.temperature, only=adv.trained,
-                                                desc=f"{desc} reference")  # (B, T)
+            temperature=self.args.temperature, desc=f"iter {self.iteration_done + 1}",
+            watch=watch)  # (B, T) each
         teacher = torch.where(adv.taught[:, None], teacher, student)  # no hindsight: m = 1
-        return LogProbs(student, teacher, ref)
+        return LogProbs(student, teacher)
 
     # 5. credit: the token advantage Ahat, from A_i and the teacher's gap (sections 3-4)
     def credit(self, rows: Rows, adv: Advantages, logp: LogProbs) -> Credit:
         return self.algo.credit(adv, logp, rows, self.args)  # advantage.py's SHARPO.credit
 
     # 6. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean (section 5)
-    def update(self, rows: Rows, adv: Advantages, logp: LogProbs, credit: Credit) -> dict:
+    def update(self, rows: Rows, adv: Advantages, logp: LogProbs, credit: Credit,
+               watch=None) -> dict:
         args, it = self.args, self.iteration_done + 1
         order = torch.Generator().manual_seed(stream_seed("minibatches", args.seed, it - 1,
                                                           self.dist.rank))
@@ -184,12 +178,15 @@ class Trainer:
                 continue
             trained = [i for i in idx if adv.trained[i]]  # rows whose Ahat is 0 sit out (sec. 4)
             for part in length_batches(trained, rows.rows, args.micro_batch_rows):
-                logp_new = self.passes.batch_logprobs(self.model, rows=[rows.rows[i] for i in part],
+                batch = [rows.rows[i] for i in part]
+                logp_ref = self.reference(batch, watch)  # (b, t) the KL's, or None
+                logp_new = self.passes.batch_logprobs(self.model, rows=batch,
                                                       temperature=args.temperature)  # (b, t) grad
                 # PPO's old log-probs: the student's, once a step has moved the weights; before
                 # that logp_new itself, so the ratio is exactly 1 (section 5)
                 logp_old = rows_of(logp.student, part, logp_new) if moved else logp_new.detach()
-                loss = self.loss(logp_new, logp_old, part, rows, logp, credit, counts, log)
+                loss = self.loss(logp_new, logp_old, logp_ref, part, rows, logp, credit, counts,
+                                 log)
                 if not log.finite(loss):  # [run] a non-finite loss: the step is skipped, below
                     break
                 loss.backward()
@@ -197,8 +194,17 @@ class Trainer:
                               rows.rows[idx[0]])  # [run] clipped, [distributed] summed first
         return log.means()
 
-    def loss(self, logp_new: torch.Tensor, logp_old: torch.Tensor, part: list[int], rows: Rows,
-             logp: LogProbs, credit: Credit, counts: dict, log) -> torch.Tensor:
+    def reference(self, batch: list, watch=None) -> torch.Tensor | None:
+        """The KL's reference log-probs of a micro-batch (Eq. 7): the same weights, adapter off, by
+        the update's own pass, so that where nothing has moved the KL (and its gradient) is 0."""
+        if self.args.kl_coef == 0:
+            return None
+        with torch.no_grad(), self.model.disable_adapter(), metrics.timed(watch, "reference"):
+            return self.passes.batch_logprobs(self.model, rows=batch,
+                                              temperature=self.args.temperature)  # (b, t)
+
+    def loss(self, logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref, part: list[int],
+             rows: Rows, logp: LogProbs, credit: Credit, counts: dict, log) -> torch.Tensor:
         """One micro-batch's loss: PPO-clip (Eq. 6) + kl_coef * KL (Eq. 7) + the algorithm's own
         terms, each a token-mean over the whole minibatch."""
         args = self.args
@@ -206,9 +212,8 @@ class Trainer:
         ahat = rows_of(credit.token_adv, part, logp_new)  # (b, t)
         pg = policy_loss(logp_new, logp_old, ahat, mask, counts["tokens"], args.ppo_clip)  # (Eq. 6)
         loss, terms = pg, {"pg_loss": pg}
-        if args.kl_coef > 0:  # stay near the reference (the adapter off)
-            ref = rows_of(logp.ref, part, logp_new)  # (b, t)
-            kl = kl_loss(ref, logp_new, mask, counts["tokens"])  # (Eq. 7)
+        if logp_ref is not None:  # stay near the reference (the adapter off)
+            kl = kl_loss(logp_ref, logp_new, mask, counts["tokens"])  # (Eq. 7)
             loss, terms["kl_ref"] = loss + args.kl_coef * kl, kl
         for name, (weight, term) in self.algo.loss_terms(logp_new, logp_old, part, rows, logp,
                                                           counts, args).items():  # baselines.py

@@ -73,7 +73,7 @@ class Stopwatch:
     def __init__(self, env=None):
         self.seconds = {"rollout": 0.0, "env": 0.0, "segments": 0.0, "student": 0.0, "teacher": 0.0,
                         "reference": 0.0, "update": 0.0}
-        self.env = env
+        self.env, self.open = env, []
         self.env_start = sum(env.seconds.values()) if env is not None else 0.0
         self.crashes_start = getattr(env, "crashes", 0)
         reset_peak_memory()  # peak_memory_gb is this iteration's own peak, not the run's so far
@@ -81,8 +81,13 @@ class Stopwatch:
     @contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
+        self.open.append(name)
         yield
-        self.seconds[name] += time.perf_counter() - start
+        self.open.pop()
+        spent = time.perf_counter() - start
+        self.seconds[name] += spent
+        if self.open:  # a stage timed inside another (the reference pass in the update) is its own
+            self.seconds[self.open[-1]] -= spent
         if self.env is not None:
             self.seconds["env"] = sum(self.env.seconds.values()) - self.env_start
 

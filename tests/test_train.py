@@ -138,7 +138,7 @@ def test_samples_skip_an_episode_that_has_no_steps():
                 torch.zeros(1, dtype=torch.bool), torch.tensor([True]))
     no = torch.tensor([False])
     adv = Advantages(torch.zeros(1), no, no)
-    stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2), None),
+    stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2)),
                             Credit(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), {}, None, None)
     tok = SimpleNamespace(decode=lambda ids: "t")
     records = metrics.sample_records(stages, tok, 2, 1)

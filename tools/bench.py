@@ -210,12 +210,7 @@ class BenchTrainer(train.Trainer):
         with metrics.timed(watch, "teacher"):
             teacher = fast.rows_logprobs(self.model, rows=rows.teacher_rows, T=T, temperature=args.temperature,
                                          only=adv.taught)  # (B, T) each teacher row whole
-        ref = None
-        if args.kl_coef > 0:
-            with metrics.timed(watch, "reference"), self.model.disable_adapter():
-                ref = fast.rows_logprobs(self.model, rows=rows.rows, T=T, temperature=args.temperature,
-                                         only=adv.trained)  # (B, T)
-        return LogProbs(student, torch.where(adv.taught[:, None], teacher, student), ref)
+        return LogProbs(student, torch.where(adv.taught[:, None], teacher, student))  # the reference: in the update
 
 
 @torch.no_grad()
