@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
 from envs.make import draw_tasks, make_env, resolve_workers, training_tasks  # noqa: F401
-from errors import UserError
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins

@@ -15,7 +15,7 @@ import os
 import sys
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 

@@ -70,7 +70,6 @@ def test_the_teacher_only_runs_on_rows_the_student_pass_computed():
     made); rows outside `student` stay 0."""
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8)
     rows, teacher_rows = rows_and_teacher_rows(tok)
-    T = max(len(r.response_ids) for r in rows)
     fast, batch = FastPath(tok.pad_token_id, 2), as_rows(rows, teacher_rows)
     with pytest.raises(ValueError, match="taught row must also be a student row"):
         fast.student_teacher_logprobs(model, rows=batch, student=torch.tensor([True, False, True]),

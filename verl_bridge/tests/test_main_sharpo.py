@@ -3,7 +3,6 @@ config checks refuse what it does not run, and its TaskRunner builds the SHARPO 
 verl's builds RayPPOTrainer."""
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 
 import verl.trainer.config as verl_config
 from verl.trainer import main_ppo_v0
