@@ -172,7 +172,6 @@ class SHARPO:
     shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)
     per_token = False  # one multiplier a segment (RLSD's is per token)
     reads_every_row = False  # a loss term of its own reads rows whose Ahat is 0 (SDAR's)
-    loss_names: tuple[str, ...] = ()  # the terms loss_terms adds (SDAR's)
 
     def uses_teacher(self, args) -> bool:
         """Whether the teacher pass runs: only where the multiplier can change Ahat (lam > 0)."""
@@ -193,6 +192,10 @@ class SHARPO:
         token_adv, m = token_advantages(adv.row, gaps, rows.response_mask, lam, args.eps_m,
                                         self.shape)  # (B, T), (B,)                  (Eq. 4-5)
         return Credit(token_adv, gaps, m if self.mixes else None)
+
+    def loss_names(self, args) -> tuple[str, ...]:
+        """The names of the terms loss_terms adds under these flags (SDAR's, when weighted)."""
+        return ()
 
     def loss_terms(self, logp_new, logp_old, part, rows, logp, counts, args) -> dict:
         """Stage 6: terms added to PPO's loss, {name: (weight, term)}: none (SDAR adds one)."""

@@ -156,13 +156,15 @@ class SDAR(GRPO):
     hindsight (so those rows keep their student and teacher passes)."""
 
     reads_every_row = True
-    loss_names = ("sdar_loss",)
 
     def uses_teacher(self, args) -> bool:
         return True
 
+    def loss_names(self, args) -> tuple[str, ...]:
+        return ("sdar_loss",) if args.sdar_coef > 0 else ()
+
     def loss_terms(self, logp_new, logp_old, part, rows, logp, counts, args) -> dict:
-        if args.sdar_coef <= 0:
+        if not self.loss_names(args):
             return {}
         t = logp_new.shape[1]
         mask = rows.response_mask[part, :t].to(logp_new.device)  # (b, t)

@@ -269,7 +269,7 @@ class UpdateLog:
     def __init__(self, iteration: int, dist, args, algo):
         self.iteration, self.dist, self.args, self.steps, self.skipped = iteration, dist, args, 0, 0
         self.keys = (["pg_loss", "clip_frac", "approx_kl_old", "loss"] + ["kl_ref"] * (args.kl_coef > 0)
-                     + list(algo.loss_names))
+                     + list(algo.loss_names(args)))
         self.sums: dict[str, float] = defaultdict(float)
         self.stats, self.all_finite = [], True  # this minibatch's micro-batches
 
@@ -290,7 +290,7 @@ class UpdateLog:
 
     def total(self, stats: list[dict]) -> dict[str, float]:
         """The minibatch's statistics: each micro-batch's is already divided by the minibatch's count, so they add up."""
-        return {k: sum(float(s.get(k, 0.0)) for s in stats) for k in self.keys}
+        return {k: sum(float(s[k]) for s in stats) for k in self.keys}
 
     def step(self, optimizer, params: list, model, passes, row) -> bool:
         """The minibatch's optimizer step, taken together by every process (the gradients summed and
