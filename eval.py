@@ -344,7 +344,7 @@ def check_writable(out: Path) -> None:
                         "run folder is where the JSON goes by default)") from None
 
 
-IN_LOOP_RECORD = re.compile(r"eval_.+_iter-\d{6,}\.json")  # train.py's own (--eval-every)
+IN_LOOP_RECORD = re.compile(r"eval_.+_iter-(\d{6,})\.json")  # train.py's own (--eval-every)
 
 
 def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
@@ -353,10 +353,12 @@ def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None
     never replaces another, nor the run's own (eval_<env>_<split>_iter-N.json, train.py's)."""
     if ckpt is None:
         return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
-    stem, k = f"evalpy_{env}_{split}_{ckpt.name}", 1
-    while (run_dir_of(ckpt) / f"{stem}{'' if k == 1 else f'-{k}'}.json").exists():
+    folder, stem = run_dir_of(ckpt), f"evalpy_{env}_{split}_{ckpt.name}"
+    path, k = folder / f"{stem}.json", 1
+    while path.exists():
         k += 1
-    return run_dir_of(ckpt) / f"{stem}{'' if k == 1 else f'-{k}'}.json"
+        path = folder / f"{stem}-{k}.json"
+    return path
 
 
 def load_model_policy(args: EvalArgs, ckpt: Path | None):

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import train
+from eval import IN_LOOP_RECORD  # train.py's --eval-every names, and no other
 from baselines import ALGORITHMS
 from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
@@ -221,9 +222,6 @@ def wall_minutes(metrics: list[dict]) -> list[float]:
         total += iteration_seconds(m)
         out.append(total / 60)
     return out
-
-
-IN_LOOP_RECORD = re.compile(r"eval_.+_iter-(\d{6,})\.json")  # train.py's --eval-every names, and no other
 
 
 def evaluation_record(path: Path) -> dict:
