@@ -482,8 +482,8 @@ class RunFolder:
         config = dataclasses.asdict(args)
         self.start(config, trainer.iteration_done, trainer.data)
         tracker = dashboard.open_tracker(args.report_to, args.output_dir, config) if trainer.dist.main else None
-        recent = [m["success"] for m in self.logged()[-metrics.RECENT:]] if trainer.dist.main else []
-        yield Session(self, args, trainer, tracker, recent)
+        successes = [m["success"] for m in self.logged()] if trainer.dist.main else []
+        yield Session(self, args, trainer, tracker, successes)
         dashboard.close(tracker)
 
 
@@ -491,13 +491,15 @@ class Session:
     """What train.py's loop does with an iteration's line: the moving success rate, the evaluation
     (--eval-every), the logs, the tracker, the checkpoint (--save-every) and the progress line."""
 
-    def __init__(self, folder: RunFolder, args, trainer, tracker, recent: list[float]):
-        self.folder, self.args, self.trainer, self.tracker, self.recent = folder, args, trainer, tracker, recent
+    def __init__(self, folder: RunFolder, args, trainer, tracker, successes: list[float]):
+        self.folder, self.args, self.trainer, self.tracker = folder, args, trainer, tracker
+        self.successes = successes  # each logged iteration's training success: the line's curve
 
     def record(self, line: dict, samples: list[dict]) -> dict:
         args, trainer, it = self.args, self.trainer, self.trainer.iteration_done
-        self.recent = (self.recent + [line["success"]])[-metrics.RECENT:]  # over more tasks
-        line["success_recent"] = sum(self.recent) / len(self.recent)
+        self.successes.append(line["success"])
+        recent = self.successes[-metrics.RECENT:]  # over more tasks
+        line["success_recent"] = sum(recent) / len(recent)
         if args.eval_every and it % args.eval_every == 0 and trainer.dist.main:
             evaluation, record = trainer.evaluate()
             line.update(evaluation)
@@ -508,7 +510,7 @@ class Session:
             trainer.warmstart = self.folder.save(it, trainer.model, trainer.optimizer, trainer.rng,
                                                  dataclasses.asdict(args), trainer.warmstart, args.keep_checkpoints)
         if trainer.dist.main:
-            print(metrics.progress_line(line), flush=True)
+            print(metrics.progress_line(line, self.successes), flush=True)
         trainer.dist.barrier()  # [distributed]
         return line
 

@@ -41,6 +41,7 @@ GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to
 RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every", "keep_checkpoints",
                      "samples_per_iter", "rollout_batch", "micro_batch_rows", "plain", "gradient_checkpointing", "env_workers", "resume",
                      "output_dir", "report_to")  # not --preset: a resumed run keeps its flags, presets apply to new runs
+SESSION_ONLY = ("plain",)  # a resume that does not give these takes their default, not the last session's
 MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
 MAX_OPTIMIZER_STEPS = 4096  # --minibatches x --ppo-epochs an iteration (the paper's: 2 x 1)
 DATA_VARIABLE = {"alfworld": "ALFWORLD_DATA", "webshop": "WEBSHOP_DATA"}
@@ -63,6 +64,8 @@ def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
         preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
     if preset == "cpu-learn" and env != "alfworld":
         raise UserError(f"--preset cpu-learn is ALFWorld's (its games are data/alfworld-learn); drop it for --env {env}")
+    if preset == "cpu-watch" and env != "alfworld":
+        raise UserError(f"--preset cpu-watch is ALFWorld's (its games are data/alfworld's); drop it for --env {env}")
     return preset, {k: v for k, (v, _) in preset_changes(preset, env).items()}
 
 
@@ -133,7 +136,8 @@ def resolve_defaults(args) -> None:
         args.gradient_checkpointing = cuda
     args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu", args.model)  # config.json says which ran
     if args.output_dir is None:
-        args.output_dir = f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
+        args.output_dir = (f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
+                           + ("-shuffled" if args.shuffle_rewards else ""))  # a placebo beside its run
     if args.data_dir is None and os.environ.get(DATA_VARIABLE[args.env]):  # config.json says which data it played
         args.data_dir = os.environ[DATA_VARIABLE[args.env]]
     if args.data_dir is not None:  # absolute: the same folder for every later reader, from any working folder
@@ -195,7 +199,8 @@ def resume_args(cls, given: dict):
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)
         raise UserError(f"--resume continues the same experiment; these flags would change it: {flags}. "
                         "Start a new run (another --output-dir) to change them.")
-    args = cls(**{**{k: v for k, v in saved.items() if k in known}, **given})
+    once = {f.name: f.default for f in fields(cls) if f.name in SESSION_ONLY and f.name not in given}
+    args = cls(**{**{k: v for k, v in saved.items() if k in known}, **once, **given})
     args.output_dir, args.resume = str(out), None if ckpt is None else str(ckpt)
     done = read_iteration(ckpt) if ckpt is not None else 0
     if "iterations" in given and given["iterations"] <= done:
@@ -390,4 +395,8 @@ def describe(args) -> str:
         lines.append(line)
     lines.append(f"training {args.algo} on {args.env} with {args.model} ({precision(args.dtype)}): {args.iterations} "
                  f"iterations x {args.groups} tasks x {args.group_size} rollouts -> {args.output_dir}")
+    lines.append("each iteration's line: its success on the games it trains on, with a text curve of the iterations "
+                 "so far and the change since iteration 1, then the invalid-answer rate; held-out games: "
+                 + (f"an evaluation every {args.eval_every} iterations" if args.eval_every else
+                    f"python eval.py --policy model --checkpoint {args.output_dir}"))
     return "\n".join(lines)

@@ -123,9 +123,13 @@ def iteration_metrics(stages: Stages, args, dist, iteration: int) -> dict:
 
 
 def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
-    """Success (overall, per task type), reward, invalid rate, share of groups with reward spread,
-    and of groups with success spread (some episodes won, some not)."""
+    """Success (overall, per task type, per task as [won, played]), reward, invalid rate, share of
+    groups with reward spread, and of groups with success spread (some episodes won, some not)."""
     summary = summarize(trajs)
+    task_wins: dict[str, list[int]] = {}
+    for traj in trajs:
+        won, played = task_wins.get(traj.task_id, [0, 0])
+        task_wins[traj.task_id] = [won + bool(traj.won), played + 1]
     by_group: dict[int, set] = defaultdict(set)
     won_by_group: dict[int, set] = defaultdict(set)
     for traj, g in zip(trajs, group_ids):
@@ -135,6 +139,7 @@ def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
     out["groups_with_spread"] = sum(len(v) > 1 for v in by_group.values()) / len(by_group)
     # the rest of the spread is penalties alone (0.1 an invalid answer), which the std of a group blows up to full size
     out["groups_with_win_spread"] = sum(len(v) > 1 for v in won_by_group.values()) / len(won_by_group)
+    out["task_wins"] = task_wins
     return out
 
 
@@ -355,14 +360,31 @@ def segments_table(records: list[dict]) -> str:
 
 
 RECENT = 5  # iterations in the moving success rate `success_recent`
+CURVE_WIDTH = 30  # iterations the progress line's text curve shows (the latest ones)
+BARS, ASCII_BARS = "▁▂▃▄▅▆▇█", "_.,:-=+*#"
 
 
-def progress_line(m: dict) -> str:
-    parts = [f"iter {m['iteration']}", f"success {m['success']:.2f}"]
+def text_curve(successes: list[float], encoding: str | None = None) -> str:
+    """The training success of the iterations so far as one character each (the lowest bar 0, the
+    highest 1), the latest CURVE_WIDTH, then the move since the first: "▂▅▇ +0.44". ASCII where
+    the output cannot write the bars."""
+    bars = BARS
+    try:
+        BARS.encode(encoding or getattr(sys.stdout, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        bars = ASCII_BARS
+    shown = "".join(bars[round(min(max(s, 0.0), 1.0) * (len(bars) - 1))] for s in successes[-CURVE_WIDTH:])
+    return f"{'~' if len(successes) > CURVE_WIDTH else ''}{shown} {successes[-1] - successes[0]:+.2f}"
+
+
+def progress_line(m: dict, successes: list[float] | None = None) -> str:
+    """An iteration's line: the training success (on the games it played), its curve over the
+    iterations so far (`successes`, this one last) and the invalid-answer rate first, then the rest."""
+    parts = [f"iter {m['iteration']}", f"train success {m['success']:.2f}"
+             + (f" {text_curve(successes)}" if successes else ""), f"invalid {m['invalid_rate']:.2f}"]
     if "success_recent" in m:
         parts.append(f"last {RECENT} {m['success_recent']:.2f}")
-    parts += [f"reward {m['mean_reward']:+.2f}",
-             f"invalid {m['invalid_rate']:.2f}", f"spread {m['groups_with_spread']:.2f}"]
+    parts += [f"reward {m['mean_reward']:+.2f}", f"spread {m['groups_with_spread']:.2f}"]
     if "mult_mean" in m:
         parts.append(f"mult {m['mult_mean']:.3f}±{m['mult_std']:.3f} bound {m['mult_at_bound']:.2f}")
     if "update/loss" in m:
@@ -373,13 +395,29 @@ def progress_line(m: dict) -> str:
     return " | ".join(parts)
 
 
+def draw_curves(out: Path) -> Path | None:
+    """tools.plots' curves.png of a complete run, or None (and why, on stderr) where it cannot be drawn."""
+    from tools.plots import curves_png, read_jsonl  # deferred: matplotlib only at the end of a run
+
+    try:
+        curves_png(read_jsonl(out / "metrics.jsonl"), out / "curves.png")
+    except (OSError, UserError) as err:
+        print(f"warning: the curves were not drawn ({err}); python -m tools.plots {out} draws them", file=sys.stderr)
+        return None
+    return out / "curves.png"
+
+
 def closing_summary(out: str) -> None:
     """What train.py prints when a run is complete: where its last iteration's credit went (each
     segment's gap g and multiplier m), and what to run next. A closed or full output loses only these
     lines."""
     table = segments_table(last_samples(out))
+    curves = draw_curves(Path(out))
     try:
-        print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n{table}")
+        print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n{table}" if table
+              else "no sample trajectories kept (--samples-per-iter 0): no table of where the credit went")
+        if curves:
+            print(f"the run's curves (success on its training games, reward, invalid rate, multiplier): {curves}")
         print(f"done: metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints; draw the segments "
               f"with python -m tools.plots {out}, evaluate with python eval.py --policy model --checkpoint {out}")
     except OutputLost as err:

@@ -298,6 +298,7 @@ def load_policy(
     LoRA float32), "fp32", or "auto" (resolve_dtype).
     """
     name = name or default_model_name()
+    check_available(name)  # every entry point: a model that cannot be had is one line, not the hub's retries
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = resolve_dtype(dtype, device, name)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32

@@ -11,7 +11,7 @@ class RunArgs:
     """How a run of train.py is executed: model and precision, data, run folder, logs, evaluation.
     They change where and how fast the method runs, not what it computes (train.py's TrainArgs)."""
 
-    preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
+    preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "cpu-watch", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
     load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
@@ -38,5 +38,5 @@ class RunArgs:
     samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
     demo_data: bool = False  # with --preset gpu: train on the shipped demo games on purpose (else the real data is required)
-    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-cpu-demo|-cpu-learn]; with --resume: that run's
+    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-<cpu preset>][-shuffled]; with --resume: that run's
     resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder

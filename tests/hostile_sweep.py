@@ -16,7 +16,7 @@ reward depends on the sampled text, so the weights move and "the same weights" m
 through `infra.cli.run` as train.py's own main does. The full disk is a small tmpfs (needs root;
 those cases are skipped with a line otherwise).
 
-Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4,round5]
+Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4,round5,round6]
 """
 from __future__ import annotations
 
@@ -917,7 +917,188 @@ def round_five(work: Path, marker: Path, record) -> None:
     record("round five", "SIGTERM of an eval", "eval", outcome, last_line(err)[:90])
 
 
-SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4", "round5")
+def one_goal_shop(root: Path) -> Path:
+    """A copy of the shipped WebShop data with one goal left: every split but one is empty."""
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(ROOT / "data" / "webshop", root)
+    json_edit(root / "items_human_ins.json", lambda d: {k: v[:1] for k, v in list(d.items())[:1]})
+    return root
+
+
+def lora_b_zero(run_dir: Path) -> bool:
+    """Every lora_B of the run's last adapter still 0, as it started (LoRA's B starts at zero)."""
+    from safetensors.torch import load_file as load
+
+    ckpt = run_dir / "latest"
+    weights = load(str(ckpt / "adapter_model.safetensors"))
+    return all(not t.any() for k, t in weights.items() if "lora_B" in k)
+
+
+def round_six(work: Path, marker: Path, record) -> None:
+    """Round six (issue 65): an evaluation that replaced another, data paths that meant another folder later, a
+    checkpoint's env ignored, empty splits, unparseable prices, weights moved by no signal, the precision cache,
+    sizes that take days, over-long names, unreadable data, damaged records, a clip past 1, closed streams."""
+    def case(name, command, proc, check=None):
+        outcome = verdict(proc, marker)
+        if outcome == "ok" and check is not None:
+            outcome = check()
+        record("round six", name, command, outcome, last_line(proc.stderr)[:90])
+
+    tiny = [*TINY_WEBSHOP, "--hindsight", "expert", "--seed", "3"]
+    # 1. eval.py on a run folder after the loop evaluated the same iteration: the loop's record unchanged
+    r1 = work / "r6-eval"
+    shutil.rmtree(r1, ignore_errors=True)
+    assert run(["train.py", *tiny[:-2], "--iterations", "2", "--eval-every", "1", "--eval-games", "3",
+                "--output-dir", str(r1)]).returncode == 0
+    own = r1 / "eval_webshop_test_iter-000002.json"
+    before = own.read_bytes()
+    for k in range(2):
+        proc = run(["eval.py", "--policy", "model", "--checkpoint", str(r1), "--num-games", "1", "--max-steps", "1"])
+        case(f"eval.py beside the loop's record ({k + 1})", "eval", proc,
+             lambda: "ok" if own.read_bytes() == before else "REPLACED THE LOOP'S RECORD")
+    # 2. a relative --data-dir, read from another working folder that has its own ./shop
+    a, b = work / "r6-a", work / "r6-b"
+    for folder in (a, b):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+    shutil.copytree(ROOT / "data" / "webshop", a / "shop")
+    one_goal_shop(b / "shop")
+    proc = subprocess.run([PY, str(ROOT / "train.py"), *tiny, "--data-dir", "shop", "--output-dir", "run"], cwd=a,
+                          capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([PY, str(ROOT / "eval.py"), "--policy", "model", "--checkpoint", str(a / "run"), "--num-games",
+                           "2", "--max-steps", "1", "--out", str(b / "e.json")], cwd=b, capture_output=True, text=True,
+                          timeout=600, env=ENV)
+    case("relative --data-dir, eval from elsewhere", "eval", proc,
+         lambda: "ok" if json.loads((b / "e.json").read_text())["config"]["data_dir"] == str(a / "shop")
+         else "PLAYED ANOTHER CATALOG")
+    # 3, 16. tools.credit: the checkpoint's env; an empty split
+    proc = run(["-m", "tools.credit", "--checkpoint", str(a / "run"), "--games", "1", "--group-size", "2", "--seeds", "0",
+                "--max-steps", "2", "--out", str(work / "r6-credit")])
+    case("credit on a WebShop checkpoint", "credit", proc,
+         lambda: "ok" if json.loads((work / "r6-credit" / "credit.json").read_text())["config"]["env"] == "webshop"
+         else "SCORED ON ANOTHER ENV")
+    shop = one_goal_shop(work / "r6-one-goal")
+    proc = run(["-m", "tools.credit", "--env", "webshop", "--data-dir", str(shop), "--split", "train", "--games", "1",
+                "--group-size", "2", "--seeds", "0", "--out", str(work / "r6-credit-empty")])
+    case("credit on an empty split", "credit", proc)
+    # 4, 8. an empty split: eval.py, and train.py (a draw from nothing)
+    for split in ("train", "test"):  # the one goal is a test goal: train is empty
+        record_path = work / f"r6-one-goal-{split}.json"
+        record_path.unlink(missing_ok=True)
+        proc = run(["eval.py", "--env", "webshop", "--policy", "random", "--split", split, "--data-dir", str(shop),
+                    "--out", str(record_path)])
+        case(f"eval on one goal, --split {split}", "eval", proc,
+             lambda: "ok" if json.loads(record_path.read_text())["episodes"] > 0 else "0 EPISODES AS A RESULT")
+    try:
+        proc = run(["train.py", *tiny, "--data-dir", str(shop), "--output-dir", str(work / "r6-one-goal-run")], timeout=180)
+        case("train on one goal", "train", proc)
+    except subprocess.TimeoutExpired:
+        record("round six", "train on one goal", "train", "HANG")
+    # 5. a price that is not a number
+    bad = work / "r6-price"
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(ROOT / "data" / "webshop", bad)
+    json_edit(bad / "items_shuffle.json", lambda d: d[0].update(pricing="$abc"))
+    case("price $abc", "eval", run(["eval.py", "--env", "webshop", "--policy", "expert", "--data-dir", str(bad)]))
+    # 6. every group tied, --kl-coef 0.01, lr 1e-2: no weight moves, on either path
+    for way in ([], ["--plain"]):
+        out = work / f"r6-tied{'-plain' if way else ''}"
+        shutil.rmtree(out, ignore_errors=True)
+        proc = run(["train.py", *tiny[:-2], "--iterations", "4", "--kl-coef", "0.01", "--lr", "1e-2", *way,
+                    "--output-dir", str(out)])
+        case(f"tied groups, KL 0.01, lr 1e-2 {' '.join(way)}", "train", proc,
+             lambda: "ok" if lora_b_zero(out) else "WEIGHTS MOVED")
+    # 7, 10, 11. the precision cache: a NaN ratio, a record without `measured`, a FIFO
+    probe = "from infra.models import resolve_dtype; print(resolve_dtype('auto', 'cpu', 'smollm2'))"
+    for name, write in (("NaN ratio", lambda p: p.write_text(json.dumps({"ratio": float("nan"), "dtype": "bf16"}))),
+                        ("no measured", lambda p: p.write_text(json.dumps({"dtype": "bf16", "ratio": 0.4}))),
+                        ("a FIFO", lambda p: os.mkfifo(p))):
+        cache = work / f"r6-cache-{name.replace(' ', '-')}"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        write(cache / "dtype.json")
+        try:
+            proc = subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                  env={**ENV, "SHARPO_CACHE": str(cache)})
+            case(f"dtype.json {name}", "dtype", proc)
+        except subprocess.TimeoutExpired:
+            record("round six", f"dtype.json {name}", "dtype", "HANG")
+    # 9, 15. sizes that take days, a clip past 1
+    for flag in (["--minibatches", "100000000"], ["--ppo-epochs", "100000000"], ["--ppo-clip", "1e300"]):
+        case(" ".join(flag), "train", run(["train.py", *tiny, *flag, "--output-dir", str(work / "r6-flag")], timeout=180))
+    # 12. a path component over 255 bytes, in every path flag
+    long = "/tmp/" + "x" * 300
+    for name, argv in (("--resume", ["train.py", "--resume", long]),
+                       ("--data-dir (webshop)", ["train.py", *tiny, "--data-dir", long, "--output-dir", str(work / "r6-l")]),
+                       ("--data-dir (alfworld)", ["train.py", "--model", "tiny", "--preset", "none", "--data-dir", long,
+                                                  "--output-dir", str(work / "r6-l")]),
+                       ("--init-adapter", ["train.py", *tiny, "--init-adapter", long, "--output-dir", str(work / "r6-l")]),
+                       ("--model", ["train.py", "--model", long, "--preset", "none", "--output-dir", str(work / "r6-l")]),
+                       ("eval --checkpoint", ["eval.py", "--policy", "model", "--checkpoint", long]),
+                       ("eval --data-dir", ["eval.py", "--env", "webshop", "--policy", "random", "--data-dir", long]),
+                       ("plots", ["-m", "tools.plots", long]),
+                       ("compare --out", ["-m", "tools.compare", "--gather-only", "--out", long, "--", "--model", "tiny"])):
+        case(f"a name over 255 bytes: {name}", argv[0] if argv[0] != "-m" else argv[1], run(argv, timeout=180))
+    # 13. an unreadable items_shuffle.json (another user's)
+    nobody = as_nobody()
+    if nobody is None:
+        record("round six", "items_shuffle.json unreadable", "eval", "ok (not run)", "needs root and setpriv")
+    else:
+        locked = work / "r6-locked"
+        shutil.rmtree(locked, ignore_errors=True)
+        shutil.copytree(ROOT / "data" / "webshop", locked)
+        os.chmod(work, 0o755)
+        os.chmod(locked, 0o755)
+        os.chmod(locked / "items_shuffle.json", 0o600)
+        for command in ("eval.py", "train.py"):
+            argv = ([command, "--env", "webshop", "--policy", "random", "--data-dir", str(locked)] if command == "eval.py"
+                    else [command, *tiny, "--data-dir", str(locked), "--output-dir", "/tmp/r6-nobody-run"])
+            proc = subprocess.run([*nobody, PY, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            case("items_shuffle.json unreadable", command.removesuffix(".py"), proc)
+    # 14. tools.compare --gather-only on damaged records and an unwritable --out
+    cmp = work / "r6-compare"
+    for name, damage in (("truncated eval JSON", lambda run_dir: (run_dir / "eval_webshop_test_iter-000002.json").write_text("{")),
+                         ("iter-best copy", lambda run_dir: shutil.copy(run_dir / "eval_webshop_test_iter-000002.json",
+                                                                        run_dir / "eval_webshop_test_iter-best.json")),
+                         ("record without success", lambda run_dir: json_edit(run_dir / "eval_webshop_test_iter-000002.json",
+                                                                              lambda d: d.pop("success"))),
+                         ("record a list", lambda run_dir: (run_dir / "eval_webshop_test_iter-000002.json").write_text("[]")),
+                         ("truncated config.json", lambda run_dir: (run_dir / "config.json").write_text("{"))):
+        shutil.rmtree(cmp, ignore_errors=True)
+        cmp.mkdir()
+        shutil.copytree(r1, cmp / "sharpo-seed0", symlinks=True)
+        damage(cmp / "sharpo-seed0")
+        proc = run(["-m", "tools.compare", "--algos", "sharpo", "--seeds", "0", "--gather-only", "--eval-split", "test",
+                    "--out", str(cmp), "--", *tiny[:-2], "--iterations", "2"])
+        case(f"compare: {name}", "compare", proc)
+    # 17. stdin and stdout closed
+    out = work / "r6-closed"
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run(["bash", "-c", " ".join([PY, "train.py", *tiny, "--output-dir", str(out)]) + " >&- <&-"],
+                          cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=600, env=ENV)
+    proc.stdout = ""
+    case("stdin and stdout closed", "train", proc, lambda: "ok" if (out / "latest").exists() else "NO CHECKPOINT")
+    # also seen: abbreviations, a model that is not one, a run without samples, --history, a one-time --plain
+    case("--mode tiny (an abbreviation)", "train", run(["train.py", "--mode", "tiny"]))
+    for tool in ("tools.bench", "tools.credit", "tools.warmstart"):
+        case(f"{tool} --model not-a-model", tool.split(".")[1], run(["-m", tool, "--model", "no/such-model-xyz"], timeout=180))
+    for tool in ("tools.credit", "tools.warmstart"):
+        case(f"{tool} --history zz", tool.split(".")[1], run(["-m", tool, "--history", "zz"], timeout=180))
+    none = work / "r6-no-samples"
+    shutil.rmtree(none, ignore_errors=True)
+    assert run(["train.py", *tiny, "--samples-per-iter", "0", "--output-dir", str(none)]).returncode == 0
+    case("plots of a --samples-per-iter 0 run", "plots", run(["-m", "tools.plots", str(none)]),
+         lambda: "ok" if (none / "curves.png").exists() else "NO CURVES")
+    proc = run(["train.py", "--resume", str(none), "--iterations", "2", "--plain"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code = ("import train; a = train.parse_args(['--resume', %r, '--iterations', '3']); print(a.plain)" % str(none))
+    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    case("a one-time --resume --plain", "resume", proc,
+         lambda: "ok" if proc.stdout.strip().splitlines()[-1] == "False" else "PLAIN STAYED ON")
+
+
+SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4", "round5", "round6")
 OK = ("one-line error", "ok", "unchanged task", "identical resume", "finished first", "one-line stop", "ok (it fitted)",
       "one refused, run intact", "one refused (the other had finished), run intact", "refused, run intact",
       "ok (not run)")
@@ -966,6 +1147,8 @@ def main() -> None:
         round_four(work, marker, record)
     if "round5" in only:
         round_five(work, marker, record)
+    if "round6" in only:
+        round_six(work, marker, record)
     base = work / "base"
     if "folders" in only and not base.exists():
         tiny_run(base)

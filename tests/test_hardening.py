@@ -693,3 +693,16 @@ def test_an_update_without_signal_moves_no_weight(tmp_path, plain):
     for name, p in trainer.model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p.detach(), before[name]), name
+
+
+def test_plain_holds_for_the_session_it_is_given_in(tmp_path):
+    """A one-time `--resume RUN --plain` was saved with the run, so every later resume ran the plain passes
+    too: now a resume without --plain takes the fast passes again, and one with it keeps them plain."""
+    run = tiny_run_folder(tmp_path, iterations=1)
+    plain = train.parse_args(["--resume", str(run), "--iterations", "2", "--plain"])
+    assert plain.plain
+    train.train(plain)
+    saved = json.loads((find_checkpoint(run) / "config.json").read_text())
+    assert saved["plain"] is True  # what that session ran, recorded
+    assert train.parse_args(["--resume", str(run), "--iterations", "3"]).plain is False
+    assert train.parse_args(["--resume", str(run), "--iterations", "3", "--plain"]).plain is True

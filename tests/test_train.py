@@ -1,6 +1,7 @@
 """The training loop on CPU with the tiny model: each algorithm runs, updates move the LoRA
 weights, lam = 0 equals GRPO, resuming reproduces the uninterrupted run, ids are exact."""
 import json
+import re
 
 import pytest
 import torch
@@ -365,3 +366,37 @@ def test_action_only_gaps_count_their_fallbacks_and_rlsd_refuses_the_flag(tmp_pa
     assert line["gap_action_fallback"] == 1.0 and line["gap_abs_mean"] > 0
     with pytest.raises(UserError, match="--gap-tokens action"):
         _args(tmp_path / "r", gap_tokens="action", algo="rlsd")
+
+
+def test_the_watch_preset_runs_and_its_lines_carry_the_curve_and_the_label(tmp_path):
+    """--preset cpu-watch, on the tiny model for two iterations: it plays every one of its 4 games each
+    iteration (task_wins), says at start that its success is on the games it trains on, prints each
+    iteration's text curve and change since iteration 1 beside the invalid rate, and draws curves.png."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, run = Path(__file__).resolve().parent.parent, tmp_path / "watch"
+    done = subprocess.run([sys.executable, "train.py", "--preset", "cpu-watch", "--model", "tiny", "--iterations", "2",
+                           "--output-dir", str(run)], cwd=root, capture_output=True, text=True,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "its success on the games it trains on" in out and "held-out games are --preset cpu-learn's" in out
+    lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert len(lines) == 2
+    assert re.search(r"^iter 1 \| train success \d\.\d\d \S \+0\.00 \| invalid \d\.\d\d \|", lines[0]), lines[0]
+    assert re.search(r"^iter 2 \| train success \d\.\d\d \S\S [+-]\d\.\d\d \| invalid \d\.\d\d \|", lines[1]), lines[1]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(m["task_wins"]) == 4 and all(p == 4 for _, p in m["task_wins"].values()) for m in logged)
+    assert sorted(logged[0]["task_wins"]) == sorted(logged[1]["task_wins"])  # the same 4 games
+    assert (run / "curves.png").stat().st_size > 0 and f"{run / 'curves.png'}" in out
+
+
+def test_the_text_curve_draws_each_iteration_and_the_change_since_the_first():
+    """One bar an iteration from the lowest (0) to the highest (1), the latest CURVE_WIDTH, then the change;
+    ASCII where the output cannot write the bars."""
+    assert metrics.text_curve([0.25, 0.5, 1.0], "utf-8") == "\u2583\u2585\u2588 +0.75"
+    assert metrics.text_curve([0.5, 0.0], "ascii") == "-_ -0.50"
+    long = metrics.text_curve([0.0] * (metrics.CURVE_WIDTH + 3) + [1.0], "utf-8")
+    assert long.startswith("~") and len(long.split()[0]) == metrics.CURVE_WIDTH + 1 and long.endswith("+1.00")

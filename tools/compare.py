@@ -15,6 +15,13 @@ Summary, per algorithm (mean over seeds, 95% t-interval over seeds):
   auc_success     mean rollout success over all iterations (area under the curve / iterations)
   eval_success    the last greedy evaluation's success, when the runs evaluated
   s_per_iter      wall seconds per iteration;  time_vs_grpo  s_per_iter / GRPO's
+  train_rise      the training success (rollouts, on the games the run trains on) of the last 2
+                  iterations, averaged, minus that of iteration 1 (played by the starting policy)
+  train_rise_boot the same from each task's success (metrics' task_wins), with a 95% bootstrap
+                  interval over seeds and tasks (both resampled)
+  invalid_change  the invalid-answer rate of the last 2 iterations minus iteration 1's
+  rise_vs_<control>_boot  train_rise minus the control's (placebo, placebo-sharpo), paired per seed
+                  and task (the same bootstrap): the interval a claim that the reward did it needs
 With --eval-split, each finished run's last checkpoint and the policy every run started from
 are evaluated greedily with eval.py on that split (all its games, --eval-max-steps each; a run's
 own evaluation of its last iteration, `--eval-every`, is read instead when it played the same
@@ -43,7 +50,8 @@ should be. "No difference" is what overlapping intervals say.
 Besides the --algo values, --algos takes `placebo`: GRPO with --shuffle-rewards, each group's
 rewards handed to its episodes by chance. It updates as much as GRPO and learns nothing from
 what was done, so its learned_boot is what moving the policy alone does to the held-out games,
-and each algorithm's vs_placebo_boot is the control a claim of learning needs.
+and each algorithm's vs_placebo_boot is the control a claim of learning needs. `placebo-sharpo`
+is the same control for SHARPO (--algo sharpo --shuffle-rewards).
 
 Run: python -m tools.compare --algos sharpo,grpo --seeds 0,1,2 --out runs/compare -- --iterations 8
      python -m tools.compare --algos sharpo,grpo,gigpo --eval-split valid_seen --out runs/compare -- --iterations 4
@@ -79,14 +87,16 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
 CURVES = ("success", "mean_reward", "invalid_rate", "groups_with_spread")
 BOOTSTRAP = 2000  # resamples of learned_boot
-CONTROLS = {"placebo": ["--algo", "grpo", "--shuffle-rewards"]}  # runs that are not an --algo: their train.py flags
+CONTROLS = {"placebo": ["--algo", "grpo", "--shuffle-rewards"],  # runs that are not an --algo: their train.py flags
+            "placebo-sharpo": ["--algo", "sharpo", "--shuffle-rewards"]}
+RISE_WINDOW = 2  # train_rise: the mean of the last 2 iterations' training success minus the first's
 
 
 @dataclass
 class CompareArgs:
     """Command-line flags of compare.py (train.py's flags go after `--`)."""
 
-    algos: str = "sharpo,grpo"  # comma-separated --algo values, or placebo (GRPO on shuffled rewards)
+    algos: str = "sharpo,grpo"  # comma-separated --algo values, placebo (GRPO on shuffled rewards), placebo-sharpo
     seeds: str = "0,1,2"  # comma-separated seeds
     out: str = "runs/compare"  # folder of the runs and of the summary
     jobs: int = 1  # runs at the same time (each with OMP_NUM_THREADS = cores / jobs)
@@ -145,9 +155,29 @@ def run_summary(metrics: list[dict], final_window: int) -> dict:
     success = [m["success"] for m in metrics]
     evals = [m["eval/success"] for m in metrics if m.get("eval/success") is not None]
     seconds = [iteration_seconds(m) for m in metrics]
+    invalid = [m.get("invalid_rate") for m in metrics]
     return {"iterations": len(metrics), "final_success": sum(success[-final_window:]) / len(success[-final_window:]),
             "auc_success": sum(success) / len(success), "eval_success": evals[-1] if evals else None,
-            "s_per_iter": sum(seconds) / len(seconds)}
+            "s_per_iter": sum(seconds) / len(seconds), "train_rise": rise(success),
+            "invalid_change": rise(invalid) if None not in invalid else None}
+
+
+def rise(values: list[float]) -> float | None:
+    """The mean of the last RISE_WINDOW values minus the first (None for a run of too few iterations)."""
+    if len(values) <= RISE_WINDOW:
+        return None
+    return sum(values[-RISE_WINDOW:]) / RISE_WINDOW - values[0]
+
+
+def task_rise(metrics: list[dict]) -> dict[str, float] | None:
+    """{task: its training success over the last RISE_WINDOW iterations minus the first's}, over the tasks
+    every one of those iterations played (metrics' task_wins); None without them."""
+    if len(metrics) <= RISE_WINDOW or not all(isinstance(m.get("task_wins"), dict) for m in metrics):
+        return None
+    first, last = metrics[0]["task_wins"], [m["task_wins"] for m in metrics[-RISE_WINDOW:]]
+    tasks = [t for t in first if all(t in w for w in last)]
+    rate = lambda w, t: w[t][0] / w[t][1]  # noqa: E731  (won, played)
+    return {t: sum(rate(w, t) for w in last) / RISE_WINDOW - rate(first, t) for t in tasks} or None
 
 
 def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int, held_out: dict | None = None) -> dict:
@@ -160,8 +190,8 @@ def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int, held_ou
         if not per_run:
             continue
         row = {"seeds": len(per_run), "iterations": min(r["iterations"] for r in per_run)}
-        for key in ("final_success", "auc_success", "eval_success", "s_per_iter", "start_success", "held_out_after",
-                    "learned"):
+        for key in ("final_success", "auc_success", "eval_success", "s_per_iter", "train_rise", "invalid_change",
+                    "start_success", "held_out_after", "learned"):
             values = [r[key] for r in per_run if r[key] is not None]
             row[key] = list(mean_interval(values)) if values else None
         table[algo] = row
@@ -294,15 +324,23 @@ def markdown_table(table: dict) -> str:
     held = any(r.get("held_out_after") for r in table.values())
     boot = any(r.get("learned_boot") for r in table.values())
     vs = [c for c in ("grpo", "placebo") if any(r.get(f"vs_{c}_boot") for r in table.values())]
+    rise = any(r.get("train_rise") for r in table.values())
+    rise_vs = [c for c in CONTROLS if any(r.get(f"rise_vs_{c}_boot") for r in table.values())]
     lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
+             + (f" training rise (last {RISE_WINDOW} - first) | the same over seeds and tasks (bootstrap) |"
+                " invalid-rate change |" if rise else "")
+             + "".join(f" rise - {c}'s, paired (bootstrap) |" for c in rise_vs)
              + (" held-out start | held-out after | learned |" if held else "")
              + (" learned, paired over games (bootstrap) |" if boot else "")
              + "".join(f" after - {'GRPO' if c == 'grpo' else c}'s, paired (bootstrap) |" for c in vs),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if held else "") + ("---|" if boot else "")
-             + "---|" * len(vs)]
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if rise else "") + "---|" * len(rise_vs)
+             + ("---|---|---|" if held else "") + ("---|" if boot else "") + "---|" * len(vs)]
     for algo, r in table.items():
         lines.append(f"| {algo} | {r['seeds']} | {r['iterations']} | {cell(r['final_success'])} | {cell(r['auc_success'])} | "
                      f"{cell(r['eval_success'])} | {r['s_per_iter'][0]:.0f} | {r.get('time_vs_grpo', float('nan')):.2f} |"
+                     + (f" {cell(r.get('train_rise'))} | {cell(r.get('train_rise_boot'))} | {cell(r.get('invalid_change'))} |"
+                        if rise else "")
+                     + "".join(f" {cell(r.get(f'rise_vs_{c}_boot'))} |" for c in rise_vs)
                      + (f" {cell(r['start_success'])} | {cell(r['held_out_after'])} | {cell(r['learned'])} |" if held else "")
                      + (f" {cell(r.get('learned_boot'))} |" if boot else "")
                      + "".join(f" {cell(r.get(f'vs_{c}_boot'))} |" for c in vs))
@@ -560,6 +598,14 @@ def main(argv: list[str] | None = None) -> dict:
             other = after_of.get(control) or {}
             if algo != control and after and other and all(after.values()) and all(other.values()):
                 table[algo][f"vs_{control}_boot"] = paired_bootstrap(after, other)
+    rises = {a: {s: task_rise(runs[a][s]) for s in seeds if runs[a][s]} for a in table}
+    for algo, by_seed in rises.items():
+        if by_seed and all(by_seed.values()):
+            table[algo]["train_rise_boot"] = paired_bootstrap(by_seed, {k: dict.fromkeys(v, 0.0) for k, v in by_seed.items()})
+        for control in CONTROLS:
+            other = rises.get(control) or {}
+            if algo != control and by_seed and other and all(by_seed.values()) and all(other.values()):
+                table[algo][f"rise_vs_{control}_boot"] = paired_bootstrap(by_seed, other)
     curves_png(runs, out / "curves.png")
     extra = {}
     if args.eval_split:

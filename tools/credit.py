@@ -551,6 +551,10 @@ def main(argv: list[str] | None = None) -> dict:
     args.split = args.split or HELD_OUT[args.env]
     if args.split not in SPLITS[args.env]:  # before the model loads
         problems.append(f"--split for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {args.split!r}")
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")

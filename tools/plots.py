@@ -218,9 +218,10 @@ def per_type_png(metrics: list[dict], path: Path) -> None:
 
 
 def make_plots(run_dir: str | Path) -> dict[str, Path]:
-    """Write the four files into the run folder; returns their paths."""
+    """Write the four files into the run folder (the curves alone where it kept no samples); returns their paths."""
     run = Path(run_dir)
-    metrics, samples = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl")
+    metrics = read_jsonl(run / "metrics.jsonl")
+    samples = read_jsonl(run / "samples.jsonl") if (run / "samples.jsonl").exists() else []  # --samples-per-iter 0
     eps = 0.2
     if (run / "config.json").exists():
         try:
@@ -230,10 +231,15 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
             raise UserError(f"{run / 'config.json'} is not a JSON object of train.py flags") from None
         if not 0 < eps < 1:
             eps = 0.2
-    out = {name: run / name for name in ("segments.html", "segments.png", "curves.png", "per_type.png")}
+    names = ("segments.html", "segments.png") if samples else ()
+    if not samples:
+        print(f"{run} holds no sample trajectories (a run with --samples-per-iter 0 keeps none): the segment "
+              "pictures are left out", file=sys.stderr)
+    out = {name: run / name for name in (*names, "curves.png", "per_type.png")}
     try:
-        out["segments.html"].write_text(segments_html(samples, eps), encoding="utf-8")
-        segments_png(samples, eps, out["segments.png"])
+        if samples:
+            out["segments.html"].write_text(segments_html(samples, eps), encoding="utf-8")
+            segments_png(samples, eps, out["segments.png"])
         curves_png(metrics, out["curves.png"])
         per_type_png(metrics, out["per_type.png"])
     except OSError as err:

@@ -218,8 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.history is None:
         args.history = CPU_DEMO_PER_ENV[args.env].get("history", "2")  # saved as it ran
     headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
-    if problems := check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
-                                          if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else []):
+    problems = check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
+                                      if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else [])
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
+    if problems:
         raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model)  # saved as it ran
     random.seed(args.seed)
