@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from advantage import Advantages, Credit
 from baselines import ALGORITHMS
 from errors import OutputLost, Stopped, UserError
+from infra.curves import draw_curves
 from rollout import LogProbs
 from segments import Rows, Trajectory
 
@@ -395,24 +396,12 @@ def progress_line(m: dict, successes: list[float] | None = None) -> str:
     return " | ".join(parts)
 
 
-def draw_curves(out: Path) -> Path | None:
-    """tools.plots' curves.png of a complete run, or None (and why, on stderr) where it cannot be drawn."""
-    from tools.plots import curves_png, read_jsonl  # deferred: matplotlib only at the end of a run
-
-    try:
-        curves_png(read_jsonl(out / "metrics.jsonl"), out / "curves.png")
-    except (OSError, UserError) as err:
-        print(f"warning: the curves were not drawn ({err}); python -m tools.plots {out} draws them", file=sys.stderr)
-        return None
-    return out / "curves.png"
-
-
 def closing_summary(out: str) -> None:
     """What train.py prints when a run is complete: where its last iteration's credit went (each
     segment's gap g and multiplier m), and what to run next. A closed or full output loses only these
     lines."""
     table = segments_table(last_samples(out))
-    curves = draw_curves(Path(out))
+    curves = draw_curves(Path(out))  # infra/curves.py
     try:
         print(f"where the last iteration's credit went (each segment's gap g and multiplier m):\n{table}" if table
               else "no sample trajectories kept (--samples-per-iter 0): no table of where the credit went")

@@ -408,3 +408,32 @@ def test_the_placebo_runs_grpo_on_shuffled_rewards(tmp_path, monkeypatch):
     assert argv[argv.index("--seed") + 1] == "3" and argv[argv.index("--output-dir") + 1] == str(tmp_path / "placebo-seed3")
     with pytest.raises(compare.UserError, match="--shuffle-rewards"):
         compare.main(["--algos", "grpo", "--out", str(tmp_path), "--", "--shuffle-rewards"])
+
+
+def test_the_training_rise_and_its_placebo_comparison(tmp_path):
+    """train_rise: the mean training success of the last 2 iterations minus iteration 1's; train_rise_boot the
+    same from each task's [won, played], resampled over seeds and tasks; rise_vs_placebo-sharpo_boot the rise
+    minus the placebo's, paired per seed and task; invalid_change the same difference of the invalid rate."""
+    tasks = ["a", "b"]
+
+    def lines(wins_by_iteration, invalid):
+        return [{"iteration": i + 1, "success": sum(w) / 8, "mean_reward": 0.0, "invalid_rate": invalid[i],
+                 "groups_with_spread": 1.0, "seconds/rollout": 1.0,
+                 "task_wins": {t: [w[k], 4] for k, t in enumerate(tasks)}} for i, w in enumerate(wins_by_iteration)]
+
+    runs = {"sharpo": [[1, 1], [2, 3], [4, 3], [4, 4]], "placebo-sharpo": [[1, 1], [1, 2], [1, 1], [1, 1]]}
+    for algo, wins in runs.items():
+        for seed in (0, 1):
+            run = tmp_path / f"{algo}-seed{seed}"
+            run.mkdir()
+            (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n"
+                                                       for m in lines(wins, [0.2, 0.1, 0.1, 0.1])))
+    table = compare.main(["--algos", "sharpo,placebo-sharpo", "--seeds", "0,1", "--out", str(tmp_path), "--gather-only"])
+    rise = (3.5 + 4) / 8 - 2 / 8  # iterations 3 and 4 averaged (7 and 8 wins of 8), minus iteration 1's 2 of 8
+    assert table["sharpo"]["train_rise"][0] == pytest.approx(rise)
+    assert table["sharpo"]["train_rise_boot"][0] == pytest.approx(rise)
+    assert table["placebo-sharpo"]["train_rise"][0] == pytest.approx(0.0)
+    assert table["sharpo"]["rise_vs_placebo-sharpo_boot"][0] == pytest.approx(rise)
+    assert table["sharpo"]["invalid_change"][0] == pytest.approx(-0.1)
+    assert "training rise (last 2 - first)" in (tmp_path / "summary.md").read_text()
+    assert compare.task_rise(lines([[1, 1], [2, 2]], [0, 0])) is None  # too few iterations for a rise

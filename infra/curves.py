@@ -1,0 +1,66 @@
+"""The run's learning curves as one picture, curves.png: what train.py draws when a run completes
+(infra/metrics.py's closing summary) and tools/plots.py draws with its other pictures."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def num(value) -> float:
+    """A logged number as a float: null (how the logs write a non-finite number) or junk becomes nan."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+
+def curves_png(metrics: list[dict], path: Path) -> None:
+    """Success, mean reward, invalid rate and multiplier spread per iteration."""
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # deferred: matplotlib only when drawing (and its backend is set first)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    metrics = [m for m in metrics if isinstance(m.get("iteration"), int)]
+    its = [m["iteration"] for m in metrics]
+    panels = [("success", "success (rollouts)"), ("mean_reward", "mean reward R"), ("invalid_rate", "invalid-action rate"),
+              ("mult_std", "multiplier std over segments")]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2))
+    for ax, (key, title) in zip(axes, panels):
+        ax.plot(its, [num(m.get(key)) for m in metrics], marker="o")
+        if key == "success" and any("success_recent" in m for m in metrics):
+            ax.plot(its, [num(m.get("success_recent")) for m in metrics], label="last 5 iterations")
+        if key == "success" and any("eval/success" in m for m in metrics):
+            ev = [(m["iteration"], num(m["eval/success"])) for m in metrics if "eval/success" in m]
+            ax.plot(*zip(*ev), marker="s", label="eval (greedy)")
+        if key == "success" and len(ax.lines) > 1:
+            ax.legend(fontsize=8)
+        if key in ("success", "invalid_rate"):
+            ax.set_ylim(-0.03, 1.03)  # shares
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole iterations
+        if its:
+            ax.set_xlim(min(its) - 0.5, max(its) + 0.5)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_curves(out: Path) -> Path | None:
+    """The run folder's curves.png from its metrics.jsonl, or None (and why, on stderr) where it cannot be
+    drawn: a picture not drawn costs the run nothing."""
+    try:
+        lines = []
+        for line in (out / "metrics.jsonl").read_bytes().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                continue  # a line edited or cut short: the picture shows the others
+        curves_png([m for m in lines if isinstance(m, dict)], out / "curves.png")
+    except OSError as err:
+        print(f"warning: the curves were not drawn ({err}); python -m tools.plots {out} draws them", file=sys.stderr)
+        return None
+    return out / "curves.png"
