@@ -1,15 +1,18 @@
 """The rollouts' [speed] path (speed.shared_prefix_generate): each prompt prefix shared by several rows of a
 generate call is prefilled once; the sampling, the log-probs of the sampled tokens and the episodes are
-the plain path's (rollout.generate), to float rounding."""
+the plain path's (rollout.generate), to float rounding. While it decodes, the KV cache is written in place
+and the head reads a contiguous input: those change no number at all, in bf16 too."""
 import pytest
 import torch
+from transformers.cache_utils import DynamicLayer
 
 import rollout
 
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from segments import generation_prompt_ids
-from speed import FastPath, common_length, prefix_clusters
+from speed import (FastPath, InPlaceLayer, common_length, contiguous_head_input, prefix_clusters,
+                   shared_prefix_generate)
 
 torch.set_num_threads(1)
 
@@ -91,3 +94,79 @@ def test_a_greedy_rollout_of_the_demo_s_games_takes_the_same_actions_both_ways()
         actions[name] = [[s.action for s in t.steps] for t in trajs]
     env.close()
     assert actions["plain"] == actions["fast"] and sum(len(a) for a in actions["plain"]) >= 8
+
+
+def test_the_in_place_layer_holds_what_concatenation_would():
+    """Token by token, the in-place layer returns what DynamicLayer's concatenation does, in the same
+    buffer until its room is used up; after a crop it writes where the cropped states end; after a
+    selection of rows it starts a buffer from them."""
+    torch.manual_seed(0)
+    grown, in_place = DynamicLayer(), InPlaceLayer()
+    steps = [torch.randn(3, 2, k, 4) for k in (5, 1, 1, 7)] + [torch.randn(3, 2, 1, 4) for _ in range(InPlaceLayer.GROW)]
+    buffers, held = [], 0
+    for x in steps:
+        expect, got = grown.update(x, -x), in_place.update(x, -x)
+        assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])
+        held += x.shape[-2]
+        buffers.append((in_place.buffers[0].data_ptr(), held <= 5 + InPlaceLayer.GROW))
+    # the first 5 tokens' buffer takes every step until its room is used up; then one new buffer takes the rest
+    assert len({ptr for ptr, first in buffers if first}) == 1 == len({ptr for ptr, first in buffers if not first})
+    assert buffers[0][0] != buffers[-1][0]
+    grown.crop(-3), in_place.crop(-3)
+    x = torch.randn(3, 2, 1, 4)
+    assert torch.equal(grown.update(x, x)[0], in_place.update(x, x)[0])
+    rows = torch.tensor([2, 0])
+    grown.batch_select_indices(rows), in_place.batch_select_indices(rows)
+    x = torch.randn(2, 2, 1, 4)
+    assert torch.equal(grown.update(x, x)[1], in_place.update(x, x)[1])
+    assert torch.equal(InPlaceLayer.holding(grown).keys, grown.keys)
+
+
+def test_the_head_reads_a_contiguous_input_inside_only():
+    """Inside contiguous_head_input the head gets a contiguous copy of a strided input (the same numbers),
+    and its hook is gone afterwards, an exception inside included."""
+    model, _ = load_policy("tiny", lora_r=4, lora_alpha=8)
+    head, seen = model.get_output_embeddings(), []
+
+    def watched(x):  # the head's output, and whether its input was contiguous by the time it ran
+        watch = head.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+        try:
+            return head(x)
+        finally:
+            watch.remove()
+    h = torch.randn(2, 5, head.in_features)[:, -1:, :]  # generate's first step: each row's last position
+    with contiguous_head_input(model):
+        inside = watched(h)
+    outside = watched(h)
+    with pytest.raises(KeyError), contiguous_head_input(model):
+        raise KeyError
+    watched(h)
+    assert seen == [True, False, False] and not head._forward_pre_hooks
+    assert torch.allclose(inside, outside, atol=1e-6)
+
+
+def test_in_place_decoding_samples_the_same_numbers_in_bf16():
+    """bf16 weights under autocast (the CPU demo's precision), 80 new tokens (past the in-place buffer's
+    room): with the cache written in place and the head's input contiguous, every step's logits are
+    exactly those of the shared-prefix path without them, and so are the samples."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    task = "You are a household agent. Your task is to: put a clean mug in the coffeemachine. "
+    prompts = [generation_prompt_ids(tok, [{"role": "user", "content": task + t}])
+               for t in ("You see a countertop 1.", "You see a countertop 1.", "Past: look. You are in a room.")]
+    config = rollout.sampling_config(tok, model, 80)
+    config.min_new_tokens = 80
+    logs, sampled = {}, {}
+    for in_place in (False, True):
+        logs[in_place] = []
+        spy_logits(model, logs[in_place])
+        torch.manual_seed(5)
+        with torch.no_grad(), rollout.autocast(model):
+            sampled[in_place] = shared_prefix_generate(model, prompts, config, tok.pad_token_id, in_place=in_place)
+        del model.generate
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert sampled[True] == sampled[False] and len(sampled[True][0]) == 80
+    assert torch.equal(logs[True][0], logs[False][0])

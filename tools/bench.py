@@ -34,12 +34,22 @@ alternating after a warm-up, from the same tasks and seed; prints the cached / p
 (random admissible actions, seeded) played with 1 worker (in-process) and with N worker
 processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
 
+`--demo-decode alfworld` (or webshop) replays the generate calls of one cpu-demo rollout (its prompts, as
+the demo played them) three ways: the plain generate; speed.py's shared prefixes as they were before the
+cache written in place and the head's contiguous input (`in_place=False`); and as they are now. Each call
+runs with 1 new token (its prefill and first sample) and with --new-tokens + 1 (end of turn blocked), a
+decode step being the difference over --new-tokens; after a warm-up the ways alternate, each call from
+the same seed; prints each way's seconds, the after / before ratios, and whether each sampled what the
+plain generate and the before way sampled (after = before exactly; in bf16 the shared prefixes round
+otherwise than the plain generate, so those two may part after a few tokens).
+
 Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64 --ways new,no-skipping
      python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
      python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
      python -m tools.bench --demo-rollouts alfworld --repeats 2
+     python -m tools.bench --demo-decode alfworld --repeats 3 --new-tokens 32
 """
 from __future__ import annotations
 
@@ -48,6 +58,7 @@ import errors  # first: a Ctrl-C or kill while the imports below load is one lin
 errors.quiet_start(__name__)
 # isort: split
 
+import copy
 import json
 import random
 import statistics
@@ -67,7 +78,7 @@ from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
 import rollout
-from speed import FastPath, collate_rows, prefix_clusters, response_logprobs
+from speed import FastPath, collate_rows, prefix_clusters, response_logprobs, shared_prefix_generate
 from rollout import LogProbs
 from segments import length_batches
 
@@ -94,6 +105,7 @@ class BenchArgs:
     ratio_noise: bool = False  # instead of timing: the PPO ratio before any step, from numerics alone, per way
     preset: str = ""  # with --ratio-noise: a train.py preset (cpu-demo, cpu-learn) on its real env, not the synthetic one
     demo_rollouts: str = ""  # alfworld | webshop: instead, the cpu-demo's rollout on that env, plain generate vs shared prefixes
+    demo_decode: str = ""  # alfworld | webshop: instead, the cpu-demo's generate calls replayed: prefill and decode step, before/after
     out: str | None = None  # also write the figures as JSON here
 
 
@@ -321,8 +333,78 @@ def demo_rollouts(env: str, repeats: int) -> dict:
     return out
 
 
+def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
+    """The cpu-demo's generate calls, replayed plain, before and after (see the module's docstring)."""
+    unused = str(Path(tempfile.gettempdir()) / "sharpo-bench-decode")  # a Trainer alone writes no run folder
+    trainer = train.Trainer(train.parse_args(["--preset", "cpu-demo", "--env", env, "--output-dir", unused]))
+    model, pad_id, calls = trainer.model, trainer.tokenizer.pad_token_id, []
+    real = trainer.actor.sample
+
+    def recording(model, prompts, config):
+        calls.append(prompts)
+        return real(model=model, prompts=prompts, config=config)
+    trainer.actor.sample, trainer.rng = recording, random.Random(0)
+    torch.manual_seed(0)
+    trainer.rollout(1)
+    trainer.close()
+    ways = {"plain": rollout.generate,
+            "before": lambda **kw: shared_prefix_generate(**kw, pad_id=pad_id, in_place=False),
+            "after": FastPath(pad_id).generate}
+
+    def replay(way: str, n: int) -> tuple[float, list]:
+        config = copy.deepcopy(trainer.actor.config)
+        config.max_new_tokens = config.min_new_tokens = n
+        seconds, sampled = 0.0, []
+        model.eval()
+        with torch.no_grad(), rollout.autocast(model):
+            for prompts in calls:
+                torch.manual_seed(0)
+                clock = time.perf_counter()
+                sampled.append(ways[way](model=model, prompts=prompts, config=config))
+                seconds += time.perf_counter() - clock
+        return seconds, sampled
+    prefill, whole, samples = {w: [] for w in ways}, {w: [] for w in ways}, {}
+    for r in range(repeats + 1):  # the first round warms up, and is not counted
+        for way in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+            (first, _), (full, samples[way]) = replay(way, 1), replay(way, new_tokens + 1)
+            if r:
+                prefill[way].append(first)
+                whole[way].append(full)
+    med = {w: {"prefill_s": statistics.median(prefill[w]), "calls_s": statistics.median(whole[w])} for w in ways}
+    for w in ways:
+        med[w]["decode_step_ms"] = (1000 * (med[w]["calls_s"] - med[w]["prefill_s"]) / new_tokens / len(calls))
+        med[w]["same_samples_as_plain"] = samples[w] == samples["plain"]  # in bf16 the shared prefixes round otherwise
+        med[w]["same_samples_as_before"] = samples[w] == samples["before"]
+    out = {"env": env, "repeats": repeats, "new_tokens": new_tokens, "calls": len(calls),
+           "rows": [len(c) for c in calls], "prompt_tokens": sum(len(p) for c in calls for p in c),
+           "prefill_s": prefill, "calls_s": whole, "median": med,
+           "after_over_before": {k: med["after"][k] / med["before"][k] for k in ("prefill_s", "decode_step_ms", "calls_s")},
+           "after_over_plain": {k: med["after"][k] / med["plain"][k] for k in ("prefill_s", "decode_step_ms", "calls_s")}}
+    print(f"\ncpu-demo generate calls on {env} ({len(calls)} calls, {out['prompt_tokens']} prompt tokens, "
+          f"{new_tokens} + 1 new tokens), median of {repeats} each, alternating after a warm-up:")
+    print("| way | prefill (1 new token) | decode step | the calls | samples = plain's | samples = before's |\n"
+          "|---|---|---|---|---|---|")
+    for w in ways:
+        m = med[w]
+        print(f"| {w} | {m['prefill_s']:.2f} s | {m['decode_step_ms']:.1f} ms | {m['calls_s']:.2f} s | "
+              f"{m['same_samples_as_plain']} | {m['same_samples_as_before']} |")
+    ratio = out["after_over_before"]
+    print(f"after / before: prefill {ratio['prefill_s']:.2f}x, decode step {ratio['decode_step_ms']:.2f}x, "
+          f"the calls {ratio['calls_s']:.2f}x")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
+    if args.demo_decode:
+        if args.demo_decode not in ("alfworld", "webshop"):
+            raise UserError(f"--demo-decode is alfworld or webshop; got {args.demo_decode!r}")
+        if args.new_tokens < 1 or args.repeats < 1:
+            raise UserError("--demo-decode needs --new-tokens and --repeats of at least 1")
+        results = demo_decode(args.demo_decode, args.repeats, args.new_tokens)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+        return results
     if args.demo_rollouts:
         if args.demo_rollouts not in ("alfworld", "webshop"):
             raise UserError(f"--demo-rollouts is alfworld or webshop; got {args.demo_rollouts!r}")
