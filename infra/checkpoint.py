@@ -704,7 +704,7 @@ def load_checkpoint_policy(ckpt: Path, device: str | None = None, gradient_check
             adapter=adapter, init_adapter=warm, gradient_checkpointing=gradient_checkpointing,
             seed=config.get("seed", 0),
         )
-    except Exception as err:  # whatever peft or the hub says of a folder that went away mid-load
+    except Exception:  # whatever peft or the hub says of a folder that went away mid-load
         if ckpt.exists() and (adapter / "adapter_config.json").is_file():
             raise
         raise UserError(f"{ckpt} was removed while it loaded (a run pruning its older checkpoints?): load the "

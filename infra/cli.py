@@ -23,6 +23,8 @@ from pathlib import Path
 
 import tyro
 
+from envs import history_length
+
 from errors import (DataError, OutputLost, Stopped, Terminated, UserError, catch_sigterm,  # noqa: F401
                     ignore_stops, stop_line)  # (DataError: re-exported)
 
@@ -219,6 +221,15 @@ SEED_LIMIT = 2**32  # torch, numpy and random take seeds in [0, 2^32) (beyond: a
 
 def seed_problems(flag: str, seeds: list[int]) -> list[str]:
     return [f"{flag} must be in [0, 2^32); got {seed}" for seed in seeds if not 0 <= seed < SEED_LIMIT]
+
+
+def history_problems(value: str) -> list[str]:
+    """--history's problem, if it has one (envs.history_length's rule), as check_domains gives them."""
+    try:
+        history_length(value)
+    except ValueError as err:
+        return [str(err)]
+    return []
 
 
 def check_domains(args, positive: tuple = (), non_negative: tuple = (), finite: tuple = ()) -> list[str]:

@@ -21,11 +21,11 @@ from typing import Literal
 
 import torch
 
-from envs import SPLITS, history_length
+from envs import SPLITS
 from advantage import check_mixing
 from infra import dashboard, memory
 from infra.checkpoint import find_checkpoint, read_config, read_iteration, read_json, run_checkpoints, run_dir_of
-from infra.cli import UserError, check_domains, given_flags, parse_dataclass, with_current_names
+from infra.cli import UserError, check_domains, history_problems, given_flags, parse_dataclass, with_current_names
 from infra.models import check_available, default_model_name
 from infra.precision import auto_choice_line, resolve_dtype
 from flags import CPU_DEMO_ENV_CHANGES, DATA, LEARN_WARMSTART, PRESET_CHANGES, WARMSTART, WEBSHOP_WARMSTART  # noqa: F401
@@ -302,10 +302,7 @@ def check_args(args) -> None:
         if value > limit:
             problems.append(f"{flag} is {value}, above this project's limit of {limit}: an iteration that size "
                             "would not finish in a day on one GPU (the paper's setting is 16 x 8, 50 steps, 256 tokens)")
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history)
     for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
         if split is not None and split not in SPLITS[args.env]:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {split!r}")

@@ -6,10 +6,31 @@ import json
 import sys
 from pathlib import Path
 
+from errors import UserError
+
 
 def num(value) -> float:
     """A logged number as a float: null (how the logs write a non-finite number) or junk becomes nan."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The log's records; a line that is none (half-written by a kill, edited, a sample whose segments are
+    not a list of segments) is skipped and named on stderr."""
+    if not path.exists():
+        raise UserError(f"{path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
+    records = []
+    for n, line in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            record = None
+        segments = record.get("segments", []) if isinstance(record, dict) else None
+        if isinstance(segments, list) and all(isinstance(s, dict) for s in segments):
+            records.append(record)
+        else:
+            print(f"note: {path} line {n} is not a train.py log record: skipped", file=sys.stderr)
+    return records
 
 
 def curves_png(metrics: list[dict], path: Path) -> None:
@@ -52,15 +73,9 @@ def curves_png(metrics: list[dict], path: Path) -> None:
 def draw_curves(out: Path) -> Path | None:
     """The run folder's curves.png from its metrics.jsonl, or None (and why, on stderr) where it cannot be
     drawn: a picture not drawn costs the run nothing."""
-    try:
-        lines = []
-        for line in (out / "metrics.jsonl").read_bytes().splitlines():
-            try:
-                lines.append(json.loads(line))
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-                continue  # a line edited or cut short: the picture shows the others
-        curves_png([m for m in lines if isinstance(m, dict)], out / "curves.png")
-    except OSError as err:
+    try:  # a line edited or cut short is named on stderr: the picture shows the others
+        curves_png(read_jsonl(out / "metrics.jsonl"), out / "curves.png")
+    except (OSError, UserError) as err:
         print(f"warning: the curves were not drawn ({err}); python -m tools.plots {out} draws them", file=sys.stderr)
         return None
     return out / "curves.png"

@@ -70,7 +70,7 @@ from envs import SPLITS, history_length, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
-from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
+from infra.cli import UserError, check_domains, history_problems, given_flags, parse_dataclass, run, seed_problems
 from infra.config import WARMSTART
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
@@ -551,10 +551,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.split = args.split or HELD_OUT[args.env]
     if args.split not in SPLITS[args.env]:  # before the model loads
         problems.append(f"--split for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {args.split!r}")
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history)
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")

@@ -27,26 +27,7 @@ from pathlib import Path
 
 from errors import file_system_problem
 from infra.cli import UserError, run, with_current_names
-from infra.curves import curves_png, num
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The log's records; a line that is none (half-written by a kill, edited, a sample whose segments are
-    not a list of segments) is skipped and named on stderr."""
-    if not path.exists():
-        raise UserError(f"{path} not found: pass a train.py run folder (it holds metrics.jsonl and samples.jsonl)")
-    records = []
-    for n, line in enumerate(path.read_bytes().splitlines(), 1):
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            record = None
-        segments = record.get("segments", []) if isinstance(record, dict) else None
-        if isinstance(segments, list) and all(isinstance(s, dict) for s in segments):
-            records.append(record)
-        else:
-            print(f"note: {path} line {n} is not a train.py log record: skipped", file=sys.stderr)
-    return records
+from infra.curves import curves_png, num, read_jsonl
 
 
 def fmt(value, spec: str) -> str:

@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 
 from envs import history_length, make_env
 from eval import fill_query, pick_games
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.cli import UserError, check_domains, history_problems, parse_dataclass, run
 from infra.config import CPU_DEMO_PER_ENV
 from infra.models import load_policy, resolve_dtype, save_adapter
 from rollout import ModelPolicy
@@ -220,10 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
     problems = check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
                                       if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else [])
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history)
     if problems:
         raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model)  # saved as it ran
