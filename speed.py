@@ -347,8 +347,9 @@ def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int,
                               position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0))  # the prefixes, once
     cache = _cache_of(out)
     cache.batch_select_indices(torch.tensor(cluster_of, device=device))  # each row its cluster's prefix
-    if in_place:
-        cache.layers = [InPlaceLayer.holding(layer) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if in_place:  # layer by layer: no layer's states are held twice
+        for i, layer in enumerate(cache.layers):
+            cache.layers[i] = InPlaceLayer.holding(layer) if type(layer) is DynamicLayer else layer
     with contiguous_head_input(model) if in_place else contextlib.nullcontext():
         sampled = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
                                  **{_cache_argument(model): cache})  # (B, L + new)
@@ -359,20 +360,24 @@ def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int,
 class InPlaceLayer(DynamicLayer):
     """[speed] One decoder layer's KV cache in a buffer with room for `GROW` more tokens: a decoding step
     writes its token's keys and values in place and attends to the filled part, a view. transformers'
-    DynamicLayer concatenates instead, copying the layer's whole cache at every step (~600 tokens of 8 rows:
-    ~15% of the demo's decode step on a CPU). Attention reads the same values over the same length, so no
-    number changes (the static cache attends over its whole buffer, masked, which in bf16 rounds otherwise).
-    The buffer is made anew, the states copied once, when it is full or when the cache's other methods
-    (crop, batch_select_indices) have replaced the states with a tensor of their own."""
+    DynamicLayer concatenates instead, copying the layer's whole cache at every step (at the demo's third
+    turn, 8 rows of up to 618 tokens, the concatenations were ~20% of a CPU decode step's op time).
+    Attention reads the same values over the same length, so no number changes (the static cache attends
+    over its whole buffer, masked, which in bf16 rounds otherwise). A new buffer is made, the states held
+    copied into it once, when the room is used up or when another method of the cache (batch_select_indices,
+    reorder_cache) has replaced the states with a tensor of its own; after a crop the states are still the
+    buffer's first tokens, and the next step writes after them."""
 
     GROW = 64  # tokens of room a new buffer has past the states it holds
 
     @classmethod
     def holding(cls, layer: DynamicLayer) -> "InPlaceLayer":
-        """An InPlaceLayer with the keys and values `layer` holds."""
+        """An InPlaceLayer with the keys and values `layer` holds (not copied: the first update moves them
+        into its buffer)."""
         new = cls()
-        if layer.is_initialized and layer.get_seq_length() > 0:
-            new.update(layer.keys, layer.values)
+        if layer.is_initialized:
+            new.lazy_initialization(layer.keys, layer.values)
+            new.keys, new.values = layer.keys, layer.values
         return new
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -383,11 +388,12 @@ class InPlaceLayer(DynamicLayer):
         buffers = getattr(self, "buffers", None)
         in_buffer = (buffers is not None and self.keys.data_ptr() == buffers[0].data_ptr()
                      and self.values.data_ptr() == buffers[1].data_ptr() and n + k <= buffers[0].shape[-2]
-                     and self.keys.shape[0] == buffers[0].shape[0] == key_states.shape[0])
-        if not in_buffer:  # a new buffer: the states held so far, then room
+                     and self.keys.shape[0] == buffers[0].shape[0] == key_states.shape[0]
+                     and key_states.dtype == buffers[0].dtype and value_states.dtype == buffers[1].dtype)
+        if not in_buffer:  # a new buffer: the states held so far, then room (in the dtype torch.cat would give)
             size = (*key_states.shape[:2], n + k + self.GROW)
-            buffers = (key_states.new_empty((*size, key_states.shape[-1])),
-                       value_states.new_empty((*size, value_states.shape[-1])))
+            buffers = tuple(new.new_empty((*size, new.shape[-1]), dtype=torch.promote_types(old.dtype, new.dtype))
+                            for old, new in ((self.keys, key_states), (self.values, value_states)))
             if n:
                 buffers[0][..., :n, :], buffers[1][..., :n, :] = self.keys, self.values
             self.buffers = buffers
@@ -395,13 +401,18 @@ class InPlaceLayer(DynamicLayer):
         self.keys, self.values = buffers[0][..., : n + k, :], buffers[1][..., : n + k, :]
         return self.keys, self.values
 
+    def reset(self) -> None:
+        """Empty, as DynamicLayer.reset leaves it, the buffers freed too."""
+        self.buffers = None
+        super().reset()
+
 
 @contextlib.contextmanager
 def contiguous_head_input(model):
     """[speed] Inside, the output head reads a contiguous copy of its input. generate's first step hands
     the head each row's last position, a strided (B, 1, H) view, and torch's linear on such a view runs as
-    a batched matmul over B copies of the whole head: 0.76 s for SmolLM2's bf16 head and 8 rows on 2
-    CPU cores, against 5 ms contiguous, once per generate call."""
+    a batched matmul over B copies of the whole head: for SmolLM2's bf16 head (49,152 x 576) and 8 rows,
+    0.75 s on 2 CPU cores against 6 ms contiguous, once per generate call, with the same result."""
     def contiguous(module, args):
         return (args[0].contiguous(), *args[1:])
     handle = model.get_output_embeddings().register_forward_pre_hook(contiguous)

@@ -119,7 +119,17 @@ def test_the_in_place_layer_holds_what_concatenation_would():
     grown.batch_select_indices(rows), in_place.batch_select_indices(rows)
     x = torch.randn(2, 2, 1, 4)
     assert torch.equal(grown.update(x, x)[1], in_place.update(x, x)[1])
-    assert torch.equal(InPlaceLayer.holding(grown).keys, grown.keys)
+    for layer in (grown, in_place):  # the first row only, as a view that starts where the buffer does
+        layer.keys, layer.values = layer.keys[:1], layer.values[:1]
+    x = torch.randn(1, 2, 1, 4)
+    expect, got = grown.update(x, x), in_place.update(x, x)
+    assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])
+    held = InPlaceLayer.holding(grown)
+    assert torch.equal(held.keys, grown.keys) and torch.equal(held.update(x, x)[1], grown.update(x, x)[1])
+    x16 = x.bfloat16()  # a state of another dtype: what torch.cat would give (float32)
+    assert grown.update(x16, x16)[0].dtype == held.update(x16, x16)[0].dtype == torch.float32
+    held.reset()
+    assert held.get_seq_length() == 0 and held.buffers is None
 
 
 def test_the_head_reads_a_contiguous_input_inside_only():
@@ -159,14 +169,23 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
                for t in ("You see a countertop 1.", "You see a countertop 1.", "Past: look. You are in a room.")]
     config = rollout.sampling_config(tok, model, 80)
     config.min_new_tokens = 80
-    logs, sampled = {}, {}
+    logs, sampled, seen = {}, {}, {}
+    head = model.get_output_embeddings()
     for in_place in (False, True):
         logs[in_place] = []
         spy_logits(model, logs[in_place])
+        spied = model.generate
+
+        def generate(*args, **kwargs):  # what the decoding starts from: the cache's layers, the head's hooks
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            seen[in_place] = ({type(layer).__name__ for layer in cache.layers}, len(head._forward_pre_hooks))
+            return spied(*args, **kwargs)
+        model.generate = generate
         torch.manual_seed(5)
         with torch.no_grad(), rollout.autocast(model):
             sampled[in_place] = shared_prefix_generate(model, prompts, config, tok.pad_token_id, in_place=in_place)
         del model.generate
+    assert seen == {False: ({"DynamicLayer"}, 0), True: ({"InPlaceLayer"}, 1)} and not head._forward_pre_hooks
     assert model.get_input_embeddings().weight.dtype == torch.bfloat16
     assert sampled[True] == sampled[False] and len(sampled[True][0]) == 80
     assert torch.equal(logs[True][0], logs[False][0])

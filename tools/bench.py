@@ -37,11 +37,12 @@ processes, in one run; prints env seconds per reset and per turn and the N/1 rat
 `--demo-decode alfworld` (or webshop) replays the generate calls of one cpu-demo rollout (its prompts, as
 the demo played them) three ways: the plain generate; speed.py's shared prefixes as they were before the
 cache written in place and the head's contiguous input (`in_place=False`); and as they are now. Each call
-runs with 1 new token (its prefill and first sample) and with --new-tokens + 1 (end of turn blocked), a
-decode step being the difference over --new-tokens; after a warm-up the ways alternate, each call from
-the same seed; prints each way's seconds, the after / before ratios, and whether each sampled what the
-plain generate and the before way sampled (after = before exactly; in bf16 the shared prefixes round
-otherwise than the plain generate, so those two may part after a few tokens).
+runs with 1 new token (its first step: the prefill and the head) and with --new-tokens + 1 (end of turn
+blocked), a round's decode step being the difference over --new-tokens; after a warm-up round the ways
+take turns, the order rotated each round, each call from the same seed; prints each way's medians, the
+after / before ratios, and whether every round sampled what the plain generate and the before way did
+(after = before exactly; in bf16 the shared prefixes round otherwise than the plain generate, so those
+two may part after a few tokens). Use --repeats 3 (or a multiple) to give each way each place equally.
 
 Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
@@ -49,7 +50,7 @@ Run: python -m tools.bench --model tiny
      python -m tools.bench --model qwen7b-shape --episodes 16 --steps 3 --new-tokens 128 --obs-words 700
      python -m tools.bench --env alfworld --episodes 128 --policy random --steps 5
      python -m tools.bench --demo-rollouts alfworld --repeats 2
-     python -m tools.bench --demo-decode alfworld --repeats 3 --new-tokens 32
+     python -m tools.bench --demo-decode alfworld --repeats 3 --new-tokens 64
 """
 from __future__ import annotations
 
@@ -363,33 +364,36 @@ def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
                 sampled.append(ways[way](model=model, prompts=prompts, config=config))
                 seconds += time.perf_counter() - clock
         return seconds, sampled
-    prefill, whole, samples = {w: [] for w in ways}, {w: [] for w in ways}, {}
+    prefill, whole, step, samples = ({w: [] for w in ways} for _ in range(4))
+    names = list(ways)
     for r in range(repeats + 1):  # the first round warms up, and is not counted
-        for way in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
-            (first, _), (full, samples[way]) = replay(way, 1), replay(way, new_tokens + 1)
+        for way in names[r % 3 :] + names[: r % 3]:  # rotated: each way first, second and third in turn
+            (first, _), (full, sampled) = replay(way, 1), replay(way, new_tokens + 1)
             if r:
                 prefill[way].append(first)
                 whole[way].append(full)
-    med = {w: {"prefill_s": statistics.median(prefill[w]), "calls_s": statistics.median(whole[w])} for w in ways}
-    for w in ways:
-        med[w]["decode_step_ms"] = (1000 * (med[w]["calls_s"] - med[w]["prefill_s"]) / new_tokens / len(calls))
-        med[w]["same_samples_as_plain"] = samples[w] == samples["plain"]  # in bf16 the shared prefixes round otherwise
+                step[way].append(1000 * (full - first) / new_tokens / len(calls))  # ms a decode step, this round
+                samples[way].append(sampled)
+    med = {w: {"prefill_s": statistics.median(prefill[w]), "calls_s": statistics.median(whole[w]),
+               "decode_step_ms": statistics.median(step[w])} for w in ways}
+    for w in ways:  # every round's samples; in bf16 the shared prefixes round otherwise than the plain generate
+        med[w]["same_samples_as_plain"] = samples[w] == samples["plain"]
         med[w]["same_samples_as_before"] = samples[w] == samples["before"]
     out = {"env": env, "repeats": repeats, "new_tokens": new_tokens, "calls": len(calls),
            "rows": [len(c) for c in calls], "prompt_tokens": sum(len(p) for c in calls for p in c),
-           "prefill_s": prefill, "calls_s": whole, "median": med,
+           "prefill_s": prefill, "calls_s": whole, "decode_step_ms": step, "median": med,
            "after_over_before": {k: med["after"][k] / med["before"][k] for k in ("prefill_s", "decode_step_ms", "calls_s")},
            "after_over_plain": {k: med["after"][k] / med["plain"][k] for k in ("prefill_s", "decode_step_ms", "calls_s")}}
     print(f"\ncpu-demo generate calls on {env} ({len(calls)} calls, {out['prompt_tokens']} prompt tokens, "
-          f"{new_tokens} + 1 new tokens), median of {repeats} each, alternating after a warm-up:")
-    print("| way | prefill (1 new token) | decode step | the calls | samples = plain's | samples = before's |\n"
+          f"{new_tokens} + 1 new tokens), median of {repeats} each, the order rotated after a warm-up:")
+    print("| way | first step (prefill, head) | decode step | the calls | samples = plain's | samples = before's |\n"
           "|---|---|---|---|---|---|")
     for w in ways:
         m = med[w]
         print(f"| {w} | {m['prefill_s']:.2f} s | {m['decode_step_ms']:.1f} ms | {m['calls_s']:.2f} s | "
               f"{m['same_samples_as_plain']} | {m['same_samples_as_before']} |")
     ratio = out["after_over_before"]
-    print(f"after / before: prefill {ratio['prefill_s']:.2f}x, decode step {ratio['decode_step_ms']:.2f}x, "
+    print(f"after / before: first step {ratio['prefill_s']:.2f}x, decode step {ratio['decode_step_ms']:.2f}x, "
           f"the calls {ratio['calls_s']:.2f}x")
     return out
 
