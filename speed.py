@@ -388,8 +388,9 @@ class InPlaceLayer(DynamicLayer):
         buffers = getattr(self, "buffers", None)
         in_buffer = (buffers is not None and self.keys.data_ptr() == buffers[0].data_ptr()
                      and self.values.data_ptr() == buffers[1].data_ptr() and n + k <= buffers[0].shape[-2]
-                     and self.keys.shape[0] == buffers[0].shape[0] == key_states.shape[0]
-                     and key_states.dtype == buffers[0].dtype and value_states.dtype == buffers[1].dtype)
+                     and all(held.shape[:2] == buffer.shape[:2] == state.shape[:2] and held.shape[-1] == state.shape[-1]
+                             and state.dtype == buffer.dtype for held, buffer, state in
+                             zip((self.keys, self.values), buffers, (key_states, value_states))))
         if not in_buffer:  # a new buffer: the states held so far, then room (in the dtype torch.cat would give)
             size = (*key_states.shape[:2], n + k + self.GROW)
             buffers = tuple(new.new_empty((*size, new.shape[-1]), dtype=torch.promote_types(old.dtype, new.dtype))

@@ -119,11 +119,12 @@ def test_the_in_place_layer_holds_what_concatenation_would():
     grown.batch_select_indices(rows), in_place.batch_select_indices(rows)
     x = torch.randn(2, 2, 1, 4)
     assert torch.equal(grown.update(x, x)[1], in_place.update(x, x)[1])
-    for layer in (grown, in_place):  # the first row only, as a view that starts where the buffer does
-        layer.keys, layer.values = layer.keys[:1], layer.values[:1]
-    x = torch.randn(1, 2, 1, 4)
-    expect, got = grown.update(x, x), in_place.update(x, x)
-    assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])
+    for rows, heads in ((slice(0, 1), slice(None)), (slice(None), slice(0, 1))):  # the first row, then head: a view
+        for layer in (grown, in_place):  # that starts where the buffer does
+            layer.keys, layer.values = layer.keys[rows, heads], layer.values[rows, heads]
+        x = torch.randn(1, 1 if heads.stop else 2, 1, 4)
+        expect, got = grown.update(x, x), in_place.update(x, x)
+        assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])
     held = InPlaceLayer.holding(grown)
     assert torch.equal(held.keys, grown.keys) and torch.equal(held.update(x, x)[1], grown.update(x, x)[1])
     x16 = x.bfloat16()  # a state of another dtype: what torch.cat would give (float32)
