@@ -78,6 +78,16 @@ DATA = Path(__file__).resolve().parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
 WEBSHOP_WARMSTART = DATA / "warmstart" / "smollm2-webshop"  # cloned on the 51 train goals (tools/warmstart.py)
 LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on data/alfworld-learn-warmstart
+SMOLLM2_ON_CPU = {  # the rows the CPU presets share: the embedded model, its warm start's answers, its adapter
+    "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+    "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
+    "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
+                            "every trajectory a hindsight block"),
+    "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
+                     "pass and the update"),
+    "lora_r": (8, "a small adapter for a small model"),
+    "lora_alpha": (16, "a small adapter for a small model"),
+}
 # What each preset changes from TrainArgs's and RunArgs's defaults (the GPU setting), and why:
 # flag -> (value, reason). The run prints these at start; docs/training.md's preset tables are
 # made from them (infra/config.py's preset_tables, checked by tests/test_docs.py).
@@ -98,25 +108,18 @@ PRESET_CHANGES = {
         "eval_games": (16, "16 held-out games: a coarse curve, quickly played"),
     },
     "cpu-demo": {  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
-        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+        **SMOLLM2_ON_CPU,
         "iterations": (2, "a demo of minutes: two iterations show the loop, not learning"),
         "groups": (2, "2 tasks x 4 rollouts: 8 episodes an iteration"),
         "group_size": (4, "2 tasks x 4 rollouts: 8 episodes an iteration"),
-        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
-        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
-                                "every trajectory a hindsight block"),
-        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
-                         "pass and the update"),
         "lr": (1e-4, "a 135M model and 2 iterations: a larger step than the 7B setting's 3e-6"),
-        "lora_r": (8, "a small adapter for a small model"),
-        "lora_alpha": (16, "a small adapter for a small model"),
         "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
         "eval_every": (0, "the run ends with its segments table, not an evaluation"),
     },
     "cpu-learn": {  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
         # (results/learning-cpu/sweep, in git history at e287449): 4 tasks x 4 rollouts for 8 iterations, 4
         # optimizer steps each, saw 8-15 groups holding both a win and a loss; 2 x 8 for 4 iterations saw 2-5
-        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+        **SMOLLM2_ON_CPU,
         "data_dir": (str(DATA / "alfworld-learn"), "the learning set: 64 train games, 32 held out"),
         "init_adapter": (str(LEARN_WARMSTART), "a warm start cloned on 16 other games"),
         "temperature": (0.6, "at temperature 1 the 135M policy won 0 of 16 rollouts; at 0.6 it wins some"),
@@ -124,15 +127,8 @@ PRESET_CHANGES = {
         "groups": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
         "group_size": (4, "4 tasks x 4 rollouts: more groups with both a win and a loss than 2 x 8"),
         "max_steps": (6, "short episodes: 6 steps"),
-        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
-        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
-                                "every trajectory a hindsight block"),
-        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
-                         "pass and the update"),
         "lr": (3e-4, "recipe K of the pilot sweep"),
         "minibatches": (4, "recipe K: 4 optimizer steps an iteration"),
-        "lora_r": (8, "a small adapter for a small model"),
-        "lora_alpha": (16, "a small adapter for a small model"),
         "eval_every": (8, "one held-out evaluation, at the end"),
         "eval_split": ("valid_seen", "the learning set's held-out games"),
     },
@@ -140,7 +136,7 @@ PRESET_CHANGES = {
         # short games, all 4 of them every iteration (results/watch-cpu: 3 seeds and 3 placebos). Pilots, seed 0:
         # lr 3e-4 at temperature 1 and 4 steps won 0.25, 0.31, 0.25, 0.06 (no group held a win and a loss); at
         # temperature 0.6 and 6 steps, lr 3e-4 won 0.38 -> 0.56 by iteration 5, lr 1e-3 0.38 -> 0.88
-        "model": ("smollm2", "the embedded SmolLM2-135M-Instruct: it installs offline and runs on a CPU"),
+        **SMOLLM2_ON_CPU,
         "init_adapter": (str(WARMSTART), "the demo's behaviour-cloned warm start: at temperature 0.6 it wins about "
                                          "1 episode in 3 of these games"),
         "max_plan_len": (4, "the 4 shipped train games whose expert needs at most 4 steps: each iteration plays all 4, "
@@ -151,15 +147,8 @@ PRESET_CHANGES = {
         "temperature": (0.6, "at temperature 1 the warm start wins only the one 3-step game; at 0.6 it wins some "
                              "of the others"),
         "iterations": (8, "about 15 minutes on 2 cores (bf16): the pilots' success rose over iterations 3-6"),
-        "max_new_tokens": (64, "the warm start answers in ~40 tokens"),
-        "hindsight": ("expert", "the 135M model rarely has a winning sibling: the expert's plan gives "
-                                "every trajectory a hindsight block"),
-        "kl_coef": (0.0, "no KL term: no reference pass, and rows whose Ahat is 0 sit out the student "
-                         "pass and the update"),
         "lr": (1e-3, "a step that moves a 135M model's success within a few iterations (3e-4 moved it half as far)"),
         "ppo_epochs": (2, "two passes over each batch: more learning from each iteration's 16 episodes"),
-        "lora_r": (8, "a small adapter for a small model"),
-        "lora_alpha": (16, "a small adapter for a small model"),
         "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
         "eval_every": (0, "its success is on the 4 games it trains on; held-out games are --preset cpu-learn's "
                           "question (docs/evidence.md)"),

@@ -35,6 +35,7 @@ from vllm_rollout import missing as vllm_missing
 
 PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
 CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
+ALFWORLD_ONLY = {"cpu-learn": "data/alfworld-learn", "cpu-watch": "data/alfworld's"}  # presets -> the games they need
 GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to start without it
 # Flags a resumed run may change: they do not change what is learned, only how long, how often
 # it is evaluated or logged, and how memory is traded for time. Every other flag is the run's.
@@ -62,10 +63,8 @@ def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
     """(resolved preset name, the defaults it sets for this env)."""
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
-    if preset == "cpu-learn" and env != "alfworld":
-        raise UserError(f"--preset cpu-learn is ALFWorld's (its games are data/alfworld-learn); drop it for --env {env}")
-    if preset == "cpu-watch" and env != "alfworld":
-        raise UserError(f"--preset cpu-watch is ALFWorld's (its games are data/alfworld's); drop it for --env {env}")
+    if preset in ALFWORLD_ONLY and env != "alfworld":
+        raise UserError(f"--preset {preset} is ALFWorld's (its games are {ALFWORLD_ONLY[preset]}); drop it for --env {env}")
     return preset, {k: v for k, (v, _) in preset_changes(preset, env).items()}
 
 
