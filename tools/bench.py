@@ -367,7 +367,7 @@ def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
     prefill, whole, step, samples = ({w: [] for w in ways} for _ in range(4))
     names = list(ways)
     for r in range(repeats + 1):  # the first round warms up, and is not counted
-        for way in names[r % 3 :] + names[: r % 3]:  # rotated: each way first, second and third in turn
+        for way in names[r % len(names) :] + names[: r % len(names)]:  # rotated: each way in each place in turn
             (first, _), (full, sampled) = replay(way, 1), replay(way, new_tokens + 1)
             if r:
                 prefill[way].append(first)
