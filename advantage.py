@@ -50,23 +50,12 @@ def grpo_advantages(
 
 
 def row_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, traj: torch.Tensor,
-                   episode_stats: str = "trajectory", norm_by_std: bool = True) -> torch.Tensor:
+                   episode_stats: str, norm_by_std: bool = True) -> torch.Tensor:
     """A_i of each training row, (B,) (Eq. 1). rewards, group_ids (N,); traj (B,) each row's
     trajectory. The group's statistics over its trajectories, or ("step") over its step rows."""
     if episode_stats == "trajectory":
         return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std)[traj]  # (B,)
     return grpo_advantages(rewards[traj], group_ids[traj], norm_by_std=norm_by_std)  # (B,)
-
-
-def shuffled_within_groups(rewards: torch.Tensor, group_ids: torch.Tensor,
-                           generator: torch.Generator) -> torch.Tensor:
-    """The placebo, not a method (--shuffle-rewards): each group's rewards permuted among its
-    members; the update's size stays, what it teaches is cut from what was done. (N,) -> (N,)."""
-    out = rewards.clone()  # (N,)
-    for g in torch.unique(group_ids):
-        members = (group_ids == g).nonzero().squeeze(1)  # (n_g,)
-        out[members] = rewards[members[torch.randperm(len(members), generator=generator)]]
-    return out
 
 
 # ------------------------------------------------------------------ SHARPO (METHOD.md sections 3-4)
@@ -92,10 +81,11 @@ def bounded(z: torch.Tensor, eps_m: float, shape: str = "exp") -> torch.Tensor:
     return m.clamp(1.0 - eps_m, 1.0 + eps_m)
 
 
-def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, eps_m: float = 0.2,
+def segment_multipliers(adv: torch.Tensor, gaps: torch.Tensor, eps_m: float,
                         shape: str = "exp") -> torch.Tensor:
-    """m = clip(exp(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment (Eq. 4). adv and gaps of
-    the same shape ((B,) here; (B, S) in the verl bridge)."""
+    """m = clip(f(sign(A) * g), 1 - eps_m, 1 + eps_m) of each segment: f = exp (Eq. 4), or
+    StepOPSD's 2 * sigmoid with shape "sigmoid" (Eq. 9). adv and gaps of the same shape ((B,) here;
+    (B, S) in the verl bridge)."""
     return bounded(torch.sign(adv) * gaps, eps_m, shape)  # m                           (Eq. 4)
 
 
@@ -117,7 +107,7 @@ def mix(adv: torch.Tensor, token_mult: torch.Tensor, response_mask: torch.Tensor
 
 
 def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor,
-                     lam: float = 0.5, eps_m: float = 0.2,
+                     lam: float, eps_m: float,
                      shape: str = "exp") -> tuple[torch.Tensor, torch.Tensor]:
     """SHARPO's credit: each segment's bounded multiplier m_i, and the token advantage
     A_i * ((1 - lam) + lam * m_i) on every token of the row's segment (Eq. 4-5). Exercise 3.
@@ -145,13 +135,12 @@ def needed_rows(moves: torch.Tensor, has_hindsight: torch.Tensor, kl: bool, teac
 @dataclass
 class Advantages:
     """Stage 3: the direction of each row, from the rewards alone, and the rows stages 4-6 read:
-    `trained`, rows with A != 0 (every row with --kl-coef > 0); `taught`, those with hindsight."""
+    `trained`, rows with A != 0 (every row with --kl-coef > 0); `taught`, rows with hindsight and
+    A != 0 (SDAR: every trained row with hindsight), section 4."""
 
     row: torch.Tensor  # (B,) A_i of each row's trajectory (Eq. 1)
     trained: torch.Tensor  # (B,) bool: the rows the student pass and the update read
     taught: torch.Tensor  # (B,) bool: the rows the teacher pass scores
-    step: torch.Tensor | None = None  # (B,) GiGPO's step advantage (baselines.py); None here
-    step_groups: torch.Tensor | None = None  # (B,) long: GiGPO's step groups; None here
 
 
 @dataclass
@@ -160,7 +149,7 @@ class Credit:
 
     token_adv: torch.Tensor  # (B, T) Ahat, 0 off the segment (Eq. 5)
     gaps: torch.Tensor  # (B,) the segment gap g of each row (Eq. 3)
-    mults: torch.Tensor | None  # (B,) the multiplier Ahat applied (Eq. 4); None: none (GRPO)
+    mults: torch.Tensor | None  # (B,) the multiplier Ahat applied (Eq. 4); RLSD: (B, T); GRPO: None
 
 
 # ------------------------------------------------------------------ the algorithm train.py runs
@@ -170,7 +159,6 @@ class SHARPO:
 
     mixes = True  # Ahat = A * ((1 - lam) + lam * m); False: Ahat = A, and no multiplier is logged
     shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)
-    per_token = False  # one multiplier a segment (RLSD's is per token)
     reads_every_row = False  # a loss term of its own reads rows whose Ahat is 0 (SDAR's)
 
     def uses_teacher(self, args) -> bool:
@@ -201,6 +189,14 @@ class SHARPO:
         """Stage 6: terms added to PPO's loss, {name: (weight, term)}: none (SDAR adds one)."""
         return {}
 
+    def metrics(self, adv: Advantages, gather) -> dict:
+        """Statistics of its own for the metrics line, and for row b of a sample trajectory
+        (`sample_fields`): none here (GiGPO logs its step groups, baselines.py)."""
+        return {}
+
+    def sample_fields(self, adv: Advantages, b: int) -> dict:
+        return {}
+
 
 class GRPO(SHARPO):
     """--algo grpo: lam = 0, Ahat = A on every token; no teacher pass."""
@@ -213,7 +209,7 @@ class GRPO(SHARPO):
 
 # ------------------------------------------------------------------ the loss (METHOD.md section 5)
 def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor,
-                mask: torch.Tensor, num_tokens: int | float, ppo_clip: float = 0.2) -> torch.Tensor:
+                mask: torch.Tensor, num_tokens: int | float, ppo_clip: float) -> torch.Tensor:
     """PPO-clip on token advantages, token-mean over the whole minibatch (Eq. 6). Exercise 4.
 
     logp_new (b, T): the policy being trained (the gradient flows here); logp_old (b, T): PPO's old

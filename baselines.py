@@ -1,4 +1,5 @@
-"""Baselines: RLSD, StepOPSD, SDAR and GiGPO, each plugged into train.py through the algorithm table.
+"""Baselines: RLSD, StepOPSD, SDAR and GiGPO, each plugged into train.py through the algorithm table;
+and the placebo control every claim stands beside (--shuffle-rewards: the rewards dealt out by chance).
 
 A reader of the method may skip this file: each baseline is a subclass of advantage.SHARPO that
 changes one of its answers (the advantage of stage 3, the credit of stage 5, a loss term of stage 6),
@@ -33,10 +34,8 @@ teacher share its pass and the `lam` mixing (METHOD.md, "Baselines").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import re
+from dataclasses import dataclass
 
 import torch
 
@@ -45,25 +44,9 @@ from advantage import (GRPO, SHARPO, Advantages, Credit, bounded, check_mixing, 
 from segments import Row
 
 
-@dataclass
-class BaselineArgs:
-    """The baselines' own flags (train.py's TrainArgs extends this class)."""
-
-    gigpo_gamma: float = 0.95
-    """--algo gigpo: the discount of the step return R_t (Eq. 11)"""
-    gigpo_omega: float = 1.0
-    """--algo gigpo: the step advantage's weight, A_i + omega * A_step (Eq. 13)"""
-    gigpo_norm: Literal["std", "mean"] = "std"
-    """--algo gigpo: both advantages (R - mean) / std, or R - mean (verl-agent's mean_norm)"""
-    sdar_coef: float = 0.01
-    """--algo sdar: the weight of the gated self-distillation term (Eq. 10)"""
-    sdar_beta: float = 5.0
-    """--algo sdar: the gate's sharpness, sigmoid(beta * delta) (Eq. 10)"""
-
-
 # ------------------------------------------------------------------ RLSD and StepOPSD
 def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     eps_m: float = 0.2) -> torch.Tensor:
+                     eps_m: float) -> torch.Tensor:
     """RLSD's multiplier, one per token: m_t = clip(exp(sign(A_i) * delta_t), 1 - eps_m, 1 + eps_m)
     (Eq. 8). (B, T)."""
     delta = (logp_teacher - logp_student).detach()  # (B, T)                              (Eq. 2)
@@ -71,8 +54,8 @@ def rlsd_multipliers(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student
 
 
 def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                          response_mask: torch.Tensor, lam: float = 0.5,
-                          eps_m: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+                          response_mask: torch.Tensor, lam: float,
+                          eps_m: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RLSD: Ahat_t = A_i * ((1 - lam) + lam * m_t) with the per-token m_t of Eq. 8.
     Returns (Ahat (B, T), 0 off the segment; m_t (B, T))."""
     check_mixing(lam, eps_m)
@@ -82,8 +65,6 @@ def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_st
 
 class RLSD(SHARPO):
     """--algo rlsd: SHARPO with one multiplier a token (Eq. 8)."""
-
-    per_token = True
 
     def credit(self, adv: Advantages, logp, rows, args) -> Credit:
         gaps = segment_gap(logp.teacher, logp.student, rows.response_mask, rows.gap_mask)  # (B,) logged
@@ -138,7 +119,7 @@ def action_masks(tokenizer, rows: list[Row], T: int) -> tuple[torch.Tensor, torc
 
 # ------------------------------------------------------------------ SDAR
 def sdar_loss(logp_new: torch.Tensor, logp_teacher: torch.Tensor, logp_old: torch.Tensor,
-              mask: torch.Tensor, num_tokens: int | float, beta: float = 5.0) -> torch.Tensor:
+              mask: torch.Tensor, num_tokens: int | float, beta: float) -> torch.Tensor:
     """SDAR's gated self-distillation term (Eq. 10): token_mean(sg(sigmoid(beta * delta)) *
     (sg(logp_teacher) - logp_new)), the gradient only through logp_new, delta = logp_teacher -
     logp_old.
@@ -215,7 +196,7 @@ def gigpo_step_advantages(step_rewards: torch.Tensor, traj_ids: torch.Tensor, gr
 
 
 def gigpo_token_advantages(adv: torch.Tensor, step_adv: torch.Tensor, response_mask: torch.Tensor,
-                           omega: float = 1.0) -> torch.Tensor:
+                           omega: float) -> torch.Tensor:
     """GiGPO's token advantage A_i + omega * A_step of each row, constant over its segment, 0
     elsewhere (Eq. 13).
 
@@ -225,6 +206,14 @@ def gigpo_token_advantages(adv: torch.Tensor, step_adv: torch.Tensor, response_m
     row_adv = adv + omega * step_adv  # (B,)                                             (Eq. 13)
     zero = torch.zeros((), dtype=adv.dtype)
     return torch.where(response_mask, row_adv[:, None].to(adv.dtype), zero)  # (B, T)
+
+
+@dataclass
+class StepAdvantages(Advantages):
+    """GiGPO's stage 3: the episode advantage, and each row's step advantage (Eq. 11-12)."""
+
+    step: torch.Tensor | None = None  # (B,) A_step of each row (Eq. 12)
+    step_groups: torch.Tensor | None = None  # (B,) long: the step group of each row
 
 
 class GiGPO(GRPO):
@@ -239,12 +228,38 @@ class GiGPO(GRPO):
                                                   anchors, args.gigpo_gamma, norm_by_std=std)
         moves = (adv + args.gigpo_omega * step) != 0  # (B,) Ahat can be != 0
         trained, taught = needed_rows(moves, rows.has_hindsight, args.kl_coef > 0, teacher=False)
-        return Advantages(adv, trained, taught, step, step_groups)
+        return StepAdvantages(adv, trained, taught, step, step_groups)
 
     def credit(self, adv: Advantages, logp, rows, args) -> Credit:
         gaps = segment_gap(logp.teacher, logp.student, rows.response_mask, rows.gap_mask)  # (B,) 0
         token_adv = gigpo_token_advantages(adv.row, adv.step, rows.response_mask, args.gigpo_omega)
         return Credit(token_adv, gaps, None)  # (Eq. 13)
+
+    def metrics(self, adv: StepAdvantages, gather) -> dict:
+        """How much step-level signal GiGPO found: the share of steps in a step group of size >= 2,
+        the mean step-group size, and the spread (std) of the step advantage."""
+        _, inverse, counts = torch.unique(adv.step_groups, return_inverse=True, return_counts=True)
+        row_sizes = torch.tensor(gather(counts[inverse].tolist()))  # (B_all,) each row's step group's size
+        group_sizes = torch.tensor(gather(counts.tolist()), dtype=torch.float)  # (groups_all,)
+        step_adv = torch.tensor(gather(adv.step.tolist()))  # (B_all,)
+        return {"gigpo/step_group_share": float((row_sizes >= 2).float().mean()),
+                "gigpo/step_group_size": float(group_sizes.mean()),
+                "gigpo/step_adv_std": float(step_adv.std()) if step_adv.numel() > 1 else 0.0}
+
+    def sample_fields(self, adv: StepAdvantages, b: int) -> dict:
+        return {"step_advantage": float(adv.step[b])}
+
+
+# ------------------------------------------------------------------ the placebo (--shuffle-rewards)
+def shuffled_within_groups(rewards: torch.Tensor, group_ids: torch.Tensor,
+                           generator: torch.Generator) -> torch.Tensor:
+    """The placebo, not a method (--shuffle-rewards): each group's rewards permuted among its
+    members; the update's size stays, what it teaches is cut from what was done. (N,) -> (N,)."""
+    out = rewards.clone()  # (N,)
+    for g in torch.unique(group_ids):
+        members = (group_ids == g).nonzero().squeeze(1)  # (n_g,)
+        out[members] = rewards[members[torch.randperm(len(members), generator=generator)]]
+    return out
 
 
 # ------------------------------------------------------------------ the table --algo reads

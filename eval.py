@@ -43,21 +43,24 @@ from typing import Literal
 
 import torch
 
-from envs import history_length, make_env, resolve_workers
+from envs import ENVS
+from envs.answer import history_length
+from envs.make import make_env, resolve_workers
+from flags import MethodArgs
 from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint,
                               load_checkpoint_policy, read_config, run_dir_of, write_atomic)
-from infra.metrics import summarize  # the metrics the docstring above defines
-from infra.cli import OutputLost, Stopped, UserError, check_domains, parse_dataclass, run
+from infra.cli import OutputLost, Stopped, UserError, check_domains, choice_of, parse_dataclass, run
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
+from segments import Trajectory
 
 
 @dataclass
 class EvalArgs:
     """Command-line flags of eval.py."""
 
-    env: Literal["alfworld", "webshop"] | None = None
-    """which environment; default: a --checkpoint's own, else alfworld"""
+    env: choice_of(ENVS) | None = None
+    """which environment (envs.ENVS); default: a --checkpoint's own, else alfworld"""
     policy: Literal["expert", "random", "model"] = "expert"
     """who plays"""
     split: str | None = None
@@ -71,7 +74,7 @@ class EvalArgs:
     """steps per episode; default: a --checkpoint's own, else the env's (ALFWorld 50, WebShop 15)"""
     history: str | None = None
     """observation/action pairs in the prompt, an integer or "all"; default: a --checkpoint's own,
-    else 2"""
+    else train.py's"""
     batch_size: int = 16
     """episodes played in one batch"""
     env_workers: int = 0
@@ -90,15 +93,15 @@ class EvalArgs:
     samples_per_game: int = 1
     """episodes per game (with --temperature > 0): each game's success is the share won"""
     max_new_tokens: int | None = None
-    """response length limit for --policy model; default: a --checkpoint's own, else 256"""
+    """response length limit for --policy model; default: a --checkpoint's own, else train.py's"""
     seed: int = 0
     """seed for the random policy and sampling"""
     out: str | None = None
     """JSON output path; default: runs/eval/<env>_<policy>_<split>.json, or in the run folder"""
 
 
-# where no flag is given: a --checkpoint's own setting, else these (max_steps 0: the env's default)
-PLAYED_AS_TRAINED = {"history": "2", "max_steps": 0, "max_new_tokens": 256}
+# where no flag is given: a --checkpoint's own setting, else train.py's (max_steps 0: the env's)
+PLAYED_AS_TRAINED = {k: getattr(MethodArgs, k) for k in ("history", "max_steps", "max_new_tokens")}
 
 
 # ------------------------------------------------------------------ baseline policies
@@ -141,6 +144,28 @@ class RandomPolicy:
 
 
 # ------------------------------------------------------------------ games and metrics
+def summarize(trajs: list[Trajectory]) -> dict:
+    """Success, reward, length and invalid rate of finished episodes, overall and per task type
+    (the docstring above defines each)."""
+    steps = sum(len(t.steps) for t in trajs)
+    invalid = sum(s.action is None for t in trajs for s in t.steps)
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        by_type[t.task_type].append(t.won)
+    out = {
+        "episodes": len(trajs),
+        "success": sum(t.won for t in trajs) / max(len(trajs), 1),
+        "mean_reward": sum(t.reward for t in trajs) / max(len(trajs), 1),
+        "mean_steps": steps / max(len(trajs), 1),
+        "invalid_rate": invalid / max(steps, 1),
+    }
+    if any("score" in t.info for t in trajs):
+        out["mean_score"] = sum(t.info.get("score", 0.0) for t in trajs) / len(trajs)
+    out.update({f"success/{k}": sum(v) / len(v) for k, v in sorted(by_type.items())})
+    out.update({f"episodes/{k}": len(v) for k, v in sorted(by_type.items())})
+    return out
+
+
 def pick_games(env, split: str, num_games: int) -> list[str]:
     """num_games task ids, round-robin over task types (sorted ids within each type)."""
     by_type: dict[str, list[str]] = defaultdict(list)

@@ -5,10 +5,10 @@ a_k ~ pi(. | c_k) from the policy itself (temperature 1, top_p 1, top_k 0, no re
 penalty). Each step keeps exactly the ids generate was fed (c_k) and sampled (a_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
-computation (`row_logprobs`), written plainly: one forward over the row, then
+computation, written here plainly (`row_logprobs`): one forward over the row, then
     logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only.
-speed.py's `FastPath` has this file's log-prob functions and `generate` under the same names and
-signatures, batched and cached; train.py picks one of the two once (--plain: this file's).
+speed.py's `FastPath` computes the same under the same names and signatures, batched and cached;
+train.py runs FastPath's, and this file's with --plain (the two agree up to float rounding).
 With bf16 base weights the decoder runs under bf16 autocast; the head and log-softmax in float32.
 """
 from __future__ import annotations
@@ -112,7 +112,8 @@ def generate(model, prompts: list[list[int]], config) -> list[list[int]]:
 class LogProbs:
     """Log-probs of the sampled tokens (train.py's stage 4), (B, T); rows a pass left out hold 0."""
 
-    student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline, PPO's old
+    student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline; PPO's old
+    #                        once the update has taken a step (train.py, section 5)
     teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; train.py: = student
     #                        on rows the teacher did not score (m = 1)
 
@@ -148,7 +149,7 @@ class ModelPolicy:
     """The LLM policy as an actor: one generate over all live episodes a turn (batch > 0: at most
     `batch` at a time, to bound its memory). generate: this file's, or speed.FastPath's."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 1.0,
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0,
                  batch: int = 0, generate=generate):
         self.model, self.tokenizer, self.batch, self.sample = model, tokenizer, batch, generate
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
@@ -191,7 +192,7 @@ class ModelPolicy:
 
 
 # ------------------------------------------------------------------ episodes
-def play_episodes(env, task_ids: list[str], policy, history_len: int | None = 2,
+def play_episodes(env, task_ids: list[str], policy, history_len: int | None,
                   group_ids: list[int] | None = None, desc: str = "rollout") -> list[Trajectory]:
     """Play one episode per task id, all in one batch, until each is won or out of steps.
 

@@ -7,8 +7,9 @@ the tokens of a_k, every sampled token (end-of-turn included, when sampled). One
     teacher_k = [ ids(c_k) | hindsight block turn | header | a_k ]
                   the prompt (never trained on)            the segment (response_mask True)
 
-The teacher reads only what the student did not, and its row starts with the student's context
-token for token (`shared_prefix_len`), so one pass over ids(c_k) can serve both (speed.py).
+The teacher's row is the student's whole context and the block: it starts with the student's
+context token for token (`shared_prefix_len`), so speed.py's pass reads ids(c_k) once for both
+and computes only the teacher's tail; rollout.py's plain pass reads each row whole.
 Log-probs are kept over response tokens only, so the two rows align token for token.
 
 Shapes: B training rows (one per step), T response-token positions. This file also holds the

@@ -10,9 +10,10 @@ Each iteration is seven stages, in METHOD.md's order; each returns what it compu
   5. credit     Ahat = A_i * ((1 - lam) + lam * m_i,k) (Eq. 2-5)               -> Credit
   6. update     PPO-clip on Ahat (+ KL to the reference, the adapter off), token-mean (Eq. 6-7)
   7. log        the metrics line and a few sample trajectories
-Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a baseline of baselines.py).
-Lines marked [run] (run folder, logs, checks: infra/), [distributed] (several processes) and
-[speed] (speed.py: rollout.py's numbers, batched; --plain runs rollout.py's) may be skipped.
+Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a baseline of baselines.py). `train()`
+runs the iterations, evaluates every --eval-every and saves every --save-every. Lines marked [run]
+(run folder, logs, checks: infra/, report.py), [distributed] (several processes) and [speed]
+(speed.py: rollout.py's numbers, batched; --plain runs rollout.py's) may be skipped.
 
 Run: python train.py --env alfworld            (the CPU demo preset when no GPU is present)
 """
@@ -24,29 +25,27 @@ errors.quiet_start(__name__)  # [run]
 # isort: split
 
 import random
+from dataclasses import asdict
 
 import torch
 
+import report
 import rollout
-from advantage import Advantages, Credit, kl_loss, policy_loss, shuffled_within_groups
-from baselines import ALGORITHMS, action_masks
-from envs import draw_tasks, history_length, make_env, resolve_workers, training_tasks
-from eval import in_loop_evaluation
-from flags import TrainArgs  # the method's flags, their defaults, what each --preset changes
-from infra import config, metrics
+from advantage import Advantages, Credit, kl_loss, policy_loss
+from baselines import ALGORITHMS, action_masks, shuffled_within_groups
+from envs.answer import history_length
+from envs.make import draw_tasks, make_env, resolve_workers, training_tasks
+from flags import TrainArgs  # every flag, its default, what each --preset changes
+from flags.parse import check_tasks, describe, parse_args  # [run]
 from infra.checkpoint import RunFolder, find_checkpoint, resume_state, run_policy, stream_seed
 from infra.cli import run
 from infra.distributed import DataParallel
+from infra.metrics import Stopwatch, timed
 from rollout import LogProbs, ModelPolicy, play_episodes
 from segments import (EXPERT_HEADLINE, Rows, Trajectory, format_plan, length_batches, make_rows,
                       sibling_hindsight)
 from speed import FastPath
 from vllm_rollout import vllm_policy
-
-
-def parse_args(argv: list[str] | None = None) -> TrainArgs:
-    """Flags over the preset's over TrainArgs's defaults, or a resumed run's; all checked."""
-    return config.parse_train_args(TrainArgs, argv, __doc__)  # [run] infra/config.py
 
 
 def minibatches(B: int, per_epoch: int, epochs: int, generator: torch.Generator):
@@ -76,7 +75,7 @@ class Trainer:
         self.env = env or self.make_env(args.groups * args.group_size)  # checks the data first
         self.eval_env = None
         self.tasks = training_tasks(self.env, args.split, args.max_plan_len)
-        config.check_tasks(args, self.env)  # [run] the evaluation split holds the games asked for
+        check_tasks(args, self.env)  # [run] the evaluation split holds the games asked for
         if model is None:  # a new LoRA over the (warm-started) base, or [run] the checkpoint's
             model, tokenizer = run_policy(args, ckpt, self.dist.device)
         self.model, self.tokenizer = model, tokenizer
@@ -91,12 +90,14 @@ class Trainer:
                                      args.rollout_batch, self.passes.generate)
         else:  # [run] vLLM decodes, behind the same act()
             self.actor = vllm_policy(model, tokenizer, args)
-        resume_state(self, ckpt)  # [run] iteration_done; a resume's optimizer and random states
+        # [run] a resume's iteration, optimizer and random states (a new run: iteration 0)
+        self.iteration_done, self.warmstart, self.data = resume_state(
+            ckpt, self.optimizer, self.rng, self.env, args.init_adapter, args.seed, self.dist.rank)
 
     def iteration(self) -> tuple[dict, list[dict]]:
         """One iteration: (metrics line, sample trajectories)."""
         it = self.iteration_done + 1
-        watch = metrics.Stopwatch(self.env)  # [run] seconds per stage, the env's share
+        watch = Stopwatch(self.env)  # [run] seconds per stage, the env's share
         with watch("rollout"):
             trajs = self.rollout(it)  # 1. rollout
         with watch("segments"):
@@ -107,9 +108,8 @@ class Trainer:
         with watch("update"):
             update = self.update(rows, adv, logp, credit, watch)  # 6. update
         self.iteration_done = it
-        done = metrics.Stages(trajs, rows, adv, logp, credit, update, watch, self.actor)  # 7. log
-        return (metrics.iteration_metrics(done, self.args, self.dist, it),
-                metrics.sample_records(done, self.tokenizer, self.args.samples_per_iter, it))
+        done = report.Stages(trajs, rows, adv, logp, credit, update, watch, self.actor)  # 7. log
+        return report.line_and_samples(done, self, it)
 
     # 1. rollout: G copies of each drawn task, every live episode in one generate a turn
     def rollout(self, it: int) -> list[Trajectory]:
@@ -168,7 +168,7 @@ class Trainer:
         args, it = self.args, self.iteration_done + 1
         order = torch.Generator().manual_seed(stream_seed("minibatches", args.seed, it - 1,
                                                           self.dist.rank))
-        log = metrics.UpdateLog(it, self.dist, args, self.algo)  # [run] steps, skips, statistics
+        log = report.UpdateLog(it, self.dist, args, self.algo)  # [run] each step's statistics
         moved = False  # no optimizer step yet: the weights are the student pass's (section 5)
         self.model.train()
         for idx in log.progress(minibatches(len(rows.rows), args.minibatches, args.ppo_epochs,
@@ -176,7 +176,7 @@ class Trainer:
             counts = self.token_counts(rows, adv, idx)  # the minibatch's token-mean denominators
             if counts["tokens"] == 0:
                 continue
-            trained = [i for i in idx if adv.trained[i]]  # rows whose Ahat is 0 sit out (sec. 4)
+            trained = [i for i in idx if adv.trained[i]]  # the rows the update reads (section 4)
             for part in length_batches(trained, rows.rows, args.micro_batch_rows):
                 batch = [rows.rows[i] for i in part]
                 logp_ref = self.reference(batch, watch)  # (b, t) the KL's, or None
@@ -187,11 +187,22 @@ class Trainer:
                 logp_old = rows_of(logp.student, part, logp_new) if moved else logp_new.detach()
                 loss = self.loss(logp_new, logp_old, logp_ref, part, rows, logp, credit, counts,
                                  log)
-                if not log.finite(loss):  # [run] a non-finite loss: the step is skipped, below
+                if not log.finite(loss):  # [run] a non-finite loss: this minibatch takes no step
                     break
                 loss.backward()
-            moved |= log.step(self.optimizer, self.params, self.model, self.passes,
-                              rows.rows[idx[0]])  # [run] clipped, [distributed] summed first
+            # the minibatch's optimizer step: taken by every process, or by none
+            step = self.dist.all(log.all_finite)  # [distributed] a non-finite loss anywhere: none
+            if step:
+                self.dist.sum_grads(self.params)  # [distributed] summed over processes
+                norm = torch.nn.utils.clip_grad_norm_(self.params, args.grad_clip)
+                step = bool(torch.isfinite(norm))
+            if step:
+                self.optimizer.step()
+                moved = True  # from now on PPO's old log-probs are the student pass's
+            self.optimizer.zero_grad(set_to_none=True)
+            log.step(float(norm) if step else None)  # [run] the step's statistics, or a skip
+            if step:  # [run] a step that left the policy unsampleable stops the run, in one line
+                report.check_finite_policy(self.model, self.passes, rows.rows[idx[0]], args, it)
         return log.means()
 
     def reference(self, batch: list, watch=None) -> torch.Tensor | None:
@@ -199,7 +210,7 @@ class Trainer:
         the update's own pass, so that where nothing has moved the KL (and its gradient) is 0."""
         if self.args.kl_coef == 0:
             return None
-        with torch.no_grad(), self.model.disable_adapter(), metrics.timed(watch, "reference"):
+        with torch.no_grad(), self.model.disable_adapter(), timed(watch, "reference"):
             return self.passes.batch_logprobs(self.model, rows=batch,
                                               temperature=self.args.temperature)  # (b, t)
 
@@ -238,12 +249,6 @@ class Trainer:
                         workers=resolve_workers(args.env_workers, episodes),
                         timeout=args.env_timeout)
 
-    def evaluate(self) -> tuple[dict, dict]:
-        """[run] --eval-every: greedy play of held-out games; (metrics, eval.py's record)."""
-        self.eval_env = self.eval_env or self.make_env(self.args.eval_games)
-        return in_loop_evaluation(self.eval_env, self.model, self.tokenizer, self.args,
-                                  self.iteration_done, self.history_len)
-
     def close(self) -> None:
         self.env.close()
         if self.eval_env is not None:
@@ -254,24 +259,33 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
     """Run (or resume) training; returns the metrics of the iterations run now. A kill loses at
     most the iterations since the last checkpoint (--save-every)."""
     dist = trainer.dist if trainer else DataParallel()
-    with RunFolder(args.output_dir, main=dist.main) as run_folder:  # [run] one writer: RUN/.lock
-        run_folder.check(resuming=bool(args.resume))  # [run] never overwrite a run
+    with RunFolder(args.output_dir, main=dist.main) as folder:  # [run] one writer: RUN/.lock
+        folder.check(resuming=bool(args.resume))  # [run] never overwrite a run
         dist.barrier()  # [distributed] every process has looked before the main one writes
         trainer = trainer or Trainer(args, dist=dist)
-        history = []
-        with run_folder.session(args, trainer) as session:  # [run] logs, tracker, checkpoints
-            while trainer.iteration_done < args.iterations:
-                line, samples = trainer.iteration()
-                history.append(session.record(line, samples))  # [run] evaluation, logs, save
+        folder.start(asdict(args), trainer.iteration_done, trainer.data)  # [run] config.json
+        log, history = report.RunLog(folder, trainer), []  # [run] logs, evaluations, checkpoints
+        while trainer.iteration_done < args.iterations:
+            line, samples = trainer.iteration()
+            it = trainer.iteration_done
+            if args.eval_every and it % args.eval_every == 0 and dist.main:
+                line.update(log.evaluate())  # held-out games, every --eval-every
+            log.write(line, samples)  # [run] metrics.jsonl, samples.jsonl, the tracker
+            if it % args.save_every == 0 or it == args.iterations:
+                log.save()  # a checkpoint, every --save-every and at the end
+            log.show(line)  # [run] the progress line
+            dist.barrier()  # [distributed]
+            history.append(line)
+        log.close()
         trainer.close()
     return history
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    print(config.describe(args))  # [run] what runs, and where it writes
+    args = parse_args(argv, __doc__)  # over the preset's over the defaults, or a resume's; checked
+    print(describe(args))  # [run] what runs, and where it writes
     train(args)
-    metrics.closing_summary(args.output_dir)  # [run] where the credit went; what to run next
+    report.closing_summary(args.output_dir)  # [run] where the credit went; what to run next
 
 
 if __name__ == "__main__":

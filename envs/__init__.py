@@ -13,7 +13,9 @@ breaks it, or names an action the env does not admit, is an invalid action: not 
 unchanged, 0.1 subtracted from the reward.
 
 Interface (duck-typed; see envs/alfworld.py):
-    env.name, env.max_steps, env.default_eval_split
+    Env.name, Env.splits, Env.default_eval_split, Env.default_max_steps, Env.data_variable
+                                 class attributes: what the flags check before an env is built
+    env.max_steps
     env.tasks(split) -> list[str]                    task ids of a split, sorted
     env.task_type(task_id) -> str
     env.reset(task_ids) -> list[EnvStep]
@@ -21,18 +23,18 @@ Interface (duck-typed; see envs/alfworld.py):
     env.expert_plan(task_id) -> list[str]            the expert's actions from the start state
     env.build_messages(state, history, history_len) -> list[dict]   the policy's chat context
     env.close()
+An env is one file and one line in ENVS below; envs/make.py builds one by name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
-from envs.make import draw_tasks, make_env, resolve_workers, training_tasks  # noqa: F401
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
-SPLITS = {"alfworld": ("train", "valid_seen", "valid_unseen", "valid_train"),  # each env's splits
-          "webshop": ("train", "test")}
+# --env's choices: name -> its class, or "module:Class" to import it only when asked for
+ENVS = {"alfworld": "envs.alfworld:AlfWorldEnv", "webshop": "envs.webshop:WebShopEnv"}
 
 
 @dataclass
@@ -50,12 +52,3 @@ class EnvStep:
     expert_action: str | None  # what the env's expert would do next, None when it has no advice
     action: str | None = None  # the action played this step (None after reset, or invalid)
     info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
-
-
-def history_length(value: str) -> int | None:
-    """The --history flag: 'all' -> None (the whole episode so far); else a non-negative integer."""
-    if value == "all":
-        return None
-    if not value.isdigit():
-        raise ValueError(f"--history must be a non-negative integer or 'all'; got {value!r}")
-    return int(value)

@@ -24,11 +24,11 @@ import re
 import time
 from pathlib import Path
 
-from envs import INVALID_PENALTY, SPLITS as ENV_SPLITS, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from errors import DataError, UserError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
-SPLITS = ENV_SPLITS["alfworld"]
+SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",
@@ -273,12 +273,19 @@ class AlfWorldEnv:
     """A batch of independent ALFWorld episodes on the real engine (see envs/__init__.py)."""
 
     name = "alfworld"
+    splits = SPLITS
     default_eval_split = "valid_unseen"
+    default_max_steps = 50  # verl-agent's
+    data_variable = "ALFWORLD_DATA"  # the data folder when --data-dir is not given
+    real_data = ("on a connected machine, pip install alfworld==0.4.2 and run alfworld-download, then set "
+                 "ALFWORLD_DATA (or --data-dir) to the folder that holds json_2.1.1")
+    prompt_tokens = 780  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
+    in_workers = True  # its episodes may run in worker processes (envs/workers.py): the engine is slow
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 50):
+    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 0):
         check_engine()
         self.root = resolve_data_dir(data_dir)
-        self.max_steps = max_steps
+        self.max_steps = max_steps or self.default_max_steps
         self._engines: dict[str, list] = {}  # gamefile -> idle engines, reused across resets
         self._episodes: list[dict] = []
         self._plans: dict[str, list[str]] = {}

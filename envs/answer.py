@@ -88,3 +88,12 @@ def extract_action(text: str) -> tuple[str | None, str]:
     if not action:
         return None, "empty action"
     return action, ""
+
+
+def history_length(value: str) -> int | None:
+    """The --history flag: 'all' -> None (the whole episode so far); else a non-negative integer."""
+    if value == "all":
+        return None
+    if not (value.isascii() and value.isdigit()):  # '²' is a digit to Python, no number
+        raise ValueError(f"--history must be a non-negative integer or 'all'; got {value!r}")
+    return int(value)

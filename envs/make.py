@@ -1,40 +1,42 @@
-"""Building an env by name: its packages imported only when it is asked for, ALFWorld's episodes in
-worker processes when several cores can play them (envs/workers.py); and the tasks a run trains on,
-drawn for each iteration.
+"""Building an env by name: the class ENVS (envs/__init__.py) names, its packages imported only when
+it is asked for, its episodes in worker processes when several cores can play them (envs/workers.py);
+and the tasks a run trains on, drawn for each iteration.
 """
 from __future__ import annotations
 
+import importlib
 import os
 
+from envs import ENVS
+from envs.workers import WorkerEnv
 from errors import UserError
 
 
-def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, timeout: float = 600.0,
-             **kwargs):
-    """Build an env by name (max_steps 0 = the env's own default); env packages are imported
-    only when asked for. workers > 1 runs ALFWorld's episodes in that many processes
-    (envs/workers.py), each given `timeout` seconds to answer a reset or step; WebShop always runs
-    in-process (a step takes ~0.05 ms)."""
-    kwargs["data_dir"] = data_dir
-    if max_steps > 0:
-        kwargs["max_steps"] = max_steps
-    if name == "alfworld" and workers > 1:
-        # deferred: each env's packages only when that env is asked for
-        from envs.workers import WorkerEnv
+def env_class(name: str) -> type:
+    """The env class ENVS names (its module imported now, not before); a name it does not hold, or
+    a package the env needs and does not find, is one line that says what to do."""
+    entry = ENVS.get(name)
+    if entry is None:
+        raise UserError(f"--env {name!r} is no environment of this project: choose one of "
+                        f"{', '.join(ENVS)}")
+    if not isinstance(entry, str):  # registered as a class
+        return entry
+    module, cls = entry.split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as err:
+        raise UserError(f"--env {name} needs the {err.name} package, which is not installed: "
+                        "pip install -r requirements.txt (or bash install.sh)") from None
 
-        return WorkerEnv(name, workers, timeout=timeout, **kwargs)
-    if name == "alfworld":
-        from envs.alfworld import AlfWorldEnv
 
-        return AlfWorldEnv(**kwargs)
-    if name == "webshop":
-        try:  # WebShop's search and reward packages load only when WebShop is asked for
-            from envs.webshop import WebShopEnv
-        except ModuleNotFoundError as err:
-            raise UserError(f"--env webshop needs the {err.name} package, which is not installed: "
-                            "pip install -r requirements.txt (or bash install.sh)") from None
-        return WebShopEnv(**kwargs)
-    raise ValueError(f"unknown env {name!r}: choose 'alfworld' or 'webshop'")
+def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, timeout: float = 600.0):
+    """Build an env by name (max_steps 0 = the env's own default). workers > 1 runs the episodes
+    of an env that allows it (`in_workers`: ALFWorld) in that many processes (envs/workers.py),
+    each given `timeout` seconds to answer a reset or step; the others play in this process."""
+    cls = env_class(name)
+    if workers > 1 and getattr(cls, "in_workers", False):
+        return WorkerEnv(cls, workers, timeout=timeout, data_dir=data_dir, max_steps=max_steps)
+    return cls(data_dir=data_dir, max_steps=max_steps)
 
 
 def resolve_workers(flag: int, batch: int) -> int:

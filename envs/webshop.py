@@ -43,12 +43,12 @@ from pathlib import Path
 import bm25s
 import Stemmer
 
-from envs import INVALID_PENALTY, SPLITS as ENV_SPLITS, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
 from errors import DataError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "webshop"
-SPLITS = ENV_SPLITS["webshop"]
+SPLITS = ("train", "test")
 PAGE_SIZE, SEARCH_TOP = 10, 50
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
@@ -317,9 +317,16 @@ class WebShopEnv:
     """A batch of independent WebShop episodes (see envs/__init__.py for the interface)."""
 
     name = "webshop"
+    splits = SPLITS
     default_eval_split = "test"
+    default_max_steps = 15
+    data_variable = "WEBSHOP_DATA"  # the data folder when --data-dir is not given
+    real_data = ("fetch upstream WebShop's items_shuffle.json, items_ins_v2.json and items_human_ins.json (its "
+                 "setup.sh), then set WEBSHOP_DATA (or --data-dir) to their folder")
+    prompt_tokens = 900  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
+    in_workers = False  # a step takes ~0.05 ms: it runs in-process
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 15, seed: int = 0):
+    def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 0, seed: int = 0):
         root = Path(data_dir or os.environ.get("WEBSHOP_DATA") or SHIPPED_DATA).expanduser()
         if not root.is_dir():
             raise DataError(f"WebShop data folder not found: {root}. Pass --data-dir (or $WEBSHOP_DATA), "
@@ -332,9 +339,9 @@ class WebShopEnv:
         self.goals = make_goals(self.products, human, self.prices, seed)
         if not self.goals:
             raise DataError(f"{root}: no goal has instruction_attributes; nothing to train or test on")
-        self.splits = split_goals(self.goals)
+        self.goal_splits = split_goals(self.goals)
         self.engine = SearchEngine(self.products)
-        self.max_steps = max_steps
+        self.max_steps = max_steps or self.default_max_steps
         self._episodes: list[dict] = []
         self.seconds = {"reset": 0.0, "step": 0.0}
         self.counts = {"reset": 0, "step": 0}
@@ -348,7 +355,7 @@ class WebShopEnv:
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise DataError(f"unknown WebShop split {split!r}: choose train or test")
-        return [f"goal-{i:05d}" for i in sorted(self.splits[split])]
+        return [f"goal-{i:05d}" for i in sorted(self.goal_splits[split])]
 
     def goal(self, task_id: str) -> dict:
         return self.goals[int(task_id.split("-")[1])]

@@ -1,6 +1,6 @@
 """Workers: play a batched env's episodes in N worker processes, behind the same interface.
 
-ALFWorld's engine is pure Python and steps one episode at a time; at the paper's batch
+ALFWorld's engine is pure Python and steps one episode at a time; at verl-agent's batch
 (16 groups x 8 = 128 episodes, up to 50 turns) the engine, not the model, would set the pace.
 `WorkerEnv` splits the batch into N contiguous slices (so the G copies of one game mostly stay
 in one worker, which keeps its pool of engines per game) and sends each worker process its
@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from envs import EnvStep, check_responses, make_env
+from envs import EnvStep, check_responses
 from errors import DataError
 
 
@@ -40,8 +40,8 @@ HEARTBEAT_S = 2.0  # a working worker says it is alive this often
 SILENCE_S = 20.0  # this long without a word (ten beats missed) and a worker counts as frozen
 
 
-def _serve(conn, name: str, kwargs: dict) -> None:
-    """A worker's loop: build the env, then answer reset / step / close until told to stop; while it
+def _serve(conn, env_class: type, kwargs: dict) -> None:
+    """A worker's loop: build the env (env_class(**kwargs)), then answer reset / step / close until told to stop; while it
     computes an answer, a thread sends ("beat", None) every HEARTBEAT_S seconds."""
     lock = threading.Lock()  # one message on the pipe at a time
 
@@ -51,7 +51,7 @@ def _serve(conn, name: str, kwargs: dict) -> None:
 
     try:
         with beating(send):  # building the env (imports, data) can take seconds
-            env = make_env(name, **kwargs)
+            env = env_class(**kwargs)
         while True:
             command, payload = conn.recv()
             if command == "close":
@@ -91,14 +91,15 @@ def beating(send):
 
 
 class WorkerEnv:
-    """A batched env whose episodes run in `workers` processes (see the module docstring)."""
+    """A batched env of class `env_class` (built with **kwargs) whose episodes run in `workers`
+    processes (see the module docstring)."""
 
-    def __init__(self, name: str, workers: int, timeout: float = 600.0, **kwargs):
+    def __init__(self, env_class: type, workers: int, timeout: float = 600.0, **kwargs):
         self.timeout = timeout  # seconds a worker may take to answer one reset or step (--env-timeout)
         self.silence = SILENCE_S  # seconds without a heartbeat that make a worker frozen
-        self.local = make_env(name, **kwargs)  # answers everything but reset/step; plays no episode
-        self.name, self.max_steps, self.default_eval_split = name, self.local.max_steps, self.local.default_eval_split
-        self._env_name, self._kwargs, self.n = name, kwargs, workers
+        self.local = env_class(**kwargs)  # answers everything but reset/step; plays no episode
+        self.name, self.max_steps, self.default_eval_split = self.local.name, self.local.max_steps, self.local.default_eval_split
+        self._env_class, self._kwargs, self.n = env_class, kwargs, workers
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no torch threads or model state forked
         self._procs: list = [None] * workers
         self._conns: list = [None] * workers
@@ -137,7 +138,7 @@ class WorkerEnv:
     # -- workers
     def _start(self, k: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(child, self._env_name, self._kwargs), daemon=True)
+        proc = self._ctx.Process(target=_serve, args=(child, self._env_class, self._kwargs), daemon=True)
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # the worker inherits "ignore":
         try:  # Ctrl-C reaches the whole process group, but stopping is the parent's to do (it closes the workers)

@@ -6,8 +6,8 @@ Check your answer:  python -m exercises.check 3
 import torch
 
 
-def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float = 0.5,
-                     eps_m: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch.Tensor, lam: float,
+                     eps_m: float) -> tuple[torch.Tensor, torch.Tensor]:
     """m_i = clip(exp(sign(A_i) * g_i), 1 - eps_m, 1 + eps_m), and Ahat_{i,t} = A_i * ((1 - lam) + lam * m_i).
 
     adv (B,): A_i of each row's trajectory; gaps (B,): the gap g_i of each row's one segment;

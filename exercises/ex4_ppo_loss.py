@@ -7,7 +7,7 @@ import torch
 
 
 def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor,
-                  num_tokens: int, ppo_clip: float = 0.2) -> torch.Tensor:
+                  num_tokens: int, ppo_clip: float) -> torch.Tensor:
     """L = sum over trained tokens of max(-Ahat * r, -Ahat * clip(r, 1 - c, 1 + c)) / num_tokens.
 
     logp_new (b, T): log-probs under the policy being trained (gradient flows through them);

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import fcntl
 import json
 import math
@@ -55,7 +54,6 @@ from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
 from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
-from infra import dashboard, metrics
 from infra.cli import with_current_names
 
 CHECKPOINTS, LATEST, STATE = "checkpoints", "latest", "state.json"
@@ -474,47 +472,6 @@ class RunFolder:
         return None if warmstart is None else final / "warmstart"
 
 
-    @contextlib.contextmanager
-    def session(self, args, trainer):
-        """train.py's loop in this folder: config.json and the logs written and trimmed to the
-        restored iteration, the --report-to tracker open; `record` of the session takes each
-        iteration's line. The tracker is closed when the loop ends."""
-        config = dataclasses.asdict(args)
-        self.start(config, trainer.iteration_done, trainer.data)
-        tracker = dashboard.open_tracker(args.report_to, args.output_dir, config) if trainer.dist.main else None
-        successes = [m["success"] for m in self.logged()] if trainer.dist.main else []
-        yield Session(self, args, trainer, tracker, successes)
-        dashboard.close(tracker)
-
-
-class Session:
-    """What train.py's loop does with an iteration's line: the moving success rate, the evaluation
-    (--eval-every), the logs, the tracker, the checkpoint (--save-every) and the progress line."""
-
-    def __init__(self, folder: RunFolder, args, trainer, tracker, successes: list[float]):
-        self.folder, self.args, self.trainer, self.tracker = folder, args, trainer, tracker
-        self.successes = successes  # each logged iteration's training success: the line's curve
-
-    def record(self, line: dict, samples: list[dict]) -> dict:
-        args, trainer, it = self.args, self.trainer, self.trainer.iteration_done
-        self.successes.append(line["success"])
-        recent = self.successes[-metrics.RECENT:]  # over more tasks
-        line["success_recent"] = sum(recent) / len(recent)
-        if args.eval_every and it % args.eval_every == 0 and trainer.dist.main:
-            evaluation, record = trainer.evaluate()
-            line.update(evaluation)
-            self.folder.save_evaluation(it, record)  # each game's outcome, in eval.py's format
-        self.folder.log(line, samples)
-        dashboard.log(self.tracker, line)  # --report-to: the same line, live
-        if it % args.save_every == 0 or it == args.iterations:  # a checkpoint, and `latest`
-            trainer.warmstart = self.folder.save(it, trainer.model, trainer.optimizer, trainer.rng,
-                                                 dataclasses.asdict(args), trainer.warmstart, args.keep_checkpoints)
-        if trainer.dist.main:
-            print(metrics.progress_line(line, self.successes), flush=True)
-        trainer.dist.barrier()  # [distributed]
-        return line
-
-
 # ----------------------------------------------------------------------------- saving
 def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, config: dict,
                     warmstart: str | os.PathLike | None, keep: int, data: str | None = None) -> Path:
@@ -724,13 +681,6 @@ def run_policy(args, ckpt: Path | None, device: str):
                        gradient_checkpointing=args.gradient_checkpointing, seed=args.seed)
 
 
-def run_warmstart(args, ckpt: Path | None) -> Path | None:
-    """The warm start a run's checkpoints carry a copy of: the checkpoint's own copy, else --init-adapter."""
-    if ckpt is not None:
-        return checkpoint_adapters(ckpt)[1]
-    return Path(args.init_adapter) if args.init_adapter else None
-
-
 def check_finite_parameters(model, where) -> None:
     bad = [n for n, p in model.named_parameters() if "lora_" in n and not torch.isfinite(p).all()]
     if bad:
@@ -821,18 +771,19 @@ def stream_seed(stream: str, seed: int, iteration: int, rank: int = 0) -> int:
     return seed * a + iteration + b * rank
 
 
-def resume_state(trainer, ckpt: Path | None) -> None:
-    """What a train.py Trainer carries beside its weights: the warm start its checkpoints copy, the
-    digest of its tasks, and, resuming from `ckpt`, the optimizer and random states and the
-    iteration; on process rank > 0 its own sampling stream ([distributed])."""
-    args = trainer.args
-    trainer.warmstart = run_warmstart(args, ckpt)
-    trainer.data = getattr(trainer.env, "data_digest", lambda: None)()  # the tasks, in a hash
-    trainer.iteration_done = 0
-    if ckpt:
-        trainer.iteration_done = restore_training_state(ckpt, trainer.optimizer, trainer.rng, trainer.data)
-    if trainer.dist.rank:  # the same tasks (trainer.rng), other samples per process
-        torch.manual_seed(stream_seed("sampling", args.seed, trainer.iteration_done, trainer.dist.rank))
+def resume_state(ckpt: Path | None, optimizer, task_rng: random.Random, env, init_adapter: str | None,
+                 seed: int, rank: int = 0):
+    """What a training run carries beside its weights, as a resume restores it: (the iteration done, 0
+    for a new run; the warm start its checkpoints carry a copy of; the digest of its tasks). Resuming
+    from `ckpt`, the optimizer's state and the random states are loaded into `optimizer`, `task_rng`
+    and the global generators; on process rank > 0 ([distributed]) the global generator then draws
+    its own sampling stream (the same tasks, other samples)."""
+    data = getattr(env, "data_digest", lambda: None)()  # the tasks, in a hash
+    warmstart = checkpoint_adapters(ckpt)[1] if ckpt is not None else Path(init_adapter) if init_adapter else None
+    done = restore_training_state(ckpt, optimizer, task_rng, data) if ckpt is not None else 0
+    if rank:
+        torch.manual_seed(stream_seed("sampling", seed, done, rank))
+    return done, warmstart, data
 
 
 def restore_training_state(ckpt: Path, optimizer, task_rng: random.Random, data: str | None = None) -> int:

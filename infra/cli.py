@@ -1,8 +1,9 @@
 """Command line from a config dataclass, built by tyro: one flag per field, its help from the field's
 docstring (cleanrl's `Args`) or trailing comment; booleans get `--flag / --no-flag`; `Literal[...]`
-fields accept only their listed values; `X | None` fields take X, or `none` for None. What tyro does
-not give, kept here: the flags a command line gave (a preset's defaults yield to them, a resume may
-change only some), and a bad command line as one line (tyro draws a framed message).
+fields accept only their listed values; `X | None` fields take X, or `none` for None. Kept here, on
+top of tyro: which flags a command line gave (a preset's defaults yield to them, a resume may change
+only some), read from tyro's own parse, and a bad command line as one line (tyro draws a framed box).
+This file knows no script's flags: each script hands it its dataclass.
 
 User errors (a bad flag value, missing or corrupt data, a bad checkpoint) are `UserError`s:
 `run(main)` prints them as one line and exits with code 2, no traceback. Programming errors
@@ -13,17 +14,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import io
 import math
 import os
-import re
 import sys
+import types
 import typing
 from pathlib import Path
 
 import tyro
-
-from envs import history_length
+import tyro._errors
 
 from errors import (DataError, OutputLost, Stopped, Terminated, UserError, catch_sigterm,  # noqa: F401
                     ignore_stops, stop_line)  # (DataError: re-exported)
@@ -136,14 +135,17 @@ def groups_of(cls) -> list[type]:
     return [cls] if cls in own or len(own) == 1 else own
 
 
-def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None,
-                    defaults: dict | None = None):
-    """Parse argv (default: sys.argv[1:]) into an instance of the dataclass `cls`, with tyro: one
-    flag per field, its help from the field's docstring or comment, `defaults` over the dataclass's
-    (shown in --help), the groups of groups_of(cls) as --help's sections. `X | None` fields take
-    `none` (any case) for None. A bad command line is a UserError of one line."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    defaults = defaults or {}
+def choice_of(names) -> type:
+    """A str flag whose value must be one of a registry's names (envs.ENVS, baselines.ALGORITHMS),
+    checked against the registry when the flags are checked, so that an entry registered later
+    counts too; --help lists the names registered when the flag was declared."""
+    return typing.Annotated[str, tyro.conf.arg(metavar="{" + ",".join(names) + "}")]
+
+
+def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_help: bool = True,
+          unknown: bool = False):
+    """tyro.cli over the dataclass `cls` (its groups as --help's sections, `defaults` over its own);
+    a rejected command line is a UserError of one line, built from tyro's parse-error event."""
     groups = groups_of(cls)
 
     def default_of(klass):
@@ -156,56 +158,96 @@ def parse_dataclass(cls, argv: list[str] | None = None, description: str | None 
         target = dataclasses.make_dataclass(
             cls.__name__, [(k.__name__, typing.Annotated[k, tyro.conf.OmitArgPrefixes]) for k in groups])
         default = target(*[default_of(k) for k in groups])
-    shown = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(shown):
-            parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default)
-    except SystemExit as stop:
-        if stop.code in (0, None):  # --help, printed
-            raise
-        raise UserError(f"{_one_line(shown.getvalue())} (see --help)") from None
+    with tyro._errors.on_parse_error(_refuse):
+        parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
+                          add_help=add_help, return_unknown_args=unknown)
+    parsed, rest = parsed if unknown else (parsed, [])
     values = (dataclasses.asdict(parsed) if len(groups) == 1 else
               {k: v for part in dataclasses.fields(parsed) for k, v in dataclasses.asdict(getattr(parsed, part.name)).items()})
     hints = typing.get_type_hints(cls)
     for name, value in values.items():  # `none` for None, in any case, as the docs write it
         if isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(hints[name]):
             values[name] = None
+    return values, rest
+
+
+def _refuse(event) -> None:
+    """tyro's parse-error hook: the event it is about to draw as a framed box, raised as one line.
+    tyro 1.0 gives the failure as a structured event only through this hook (tyro._errors, which
+    its docs call internal: requirements.txt pins tyro); an event of a kind not named here keeps
+    its kind's name."""
+    E = tyro._errors
+    name = getattr(getattr(event, "argument", None), "display_name", lambda: "a flag")()
+    if isinstance(event, E.InvalidChoice):
+        why = f"invalid choice {event.value!r} for argument {name!r}: choose one of {', '.join(event.choices)}"
+    elif isinstance(event, E.UnrecognizedArgs):
+        why = f"Unrecognized options: {' '.join(event.tokens)}"
+    elif isinstance(event, E.InstantiationFailure):
+        why = f"error parsing {name}: {event.message}"
+    elif isinstance(event, E.BadValue):
+        why = (f"missing value for argument {name}" if event.offending_value is None
+               else f"argument {name} takes no value; got {event.offending_value!r}")
+    elif isinstance(event, E.MissingArgs):
+        why = "missing " + ", ".join(a.arg.display_name() for a in event.missing_arguments)
+    else:
+        why = f"the command line was refused ({type(event).__name__})"
+    raise UserError(f"{why} (see --help)")
+
+
+def parse_dataclass(cls, argv: list[str] | None = None, description: str | None = None,
+                    defaults: dict | None = None):
+    """Parse argv (default: sys.argv[1:]) into an instance of the dataclass `cls`, with tyro: one
+    flag per field, its help from the field's docstring or comment, `defaults` over the dataclass's
+    (shown in --help), the groups of groups_of(cls) as --help's sections. `X | None` fields take
+    `none` (any case) for None. A bad command line is a UserError of one line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    values, _ = _tyro(cls, argv, description, defaults or {})
     return cls(**values)
 
 
-def _one_line(box: str) -> str:
-    """tyro's framed error message as one line: its title and the paragraph under it (what follows
-    the next rule is help, left out). The frame is drawn in UTF-8 or ASCII, in color or not."""
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", box)
-    lines = [line.strip(" \u2502\u256d\u256e\u2570\u256f") for line in plain.splitlines()]
-    title, text = None, []
-    for line in lines:
-        rule = len(line) >= 3 and not line.strip("\u2500-")
-        if title is None:
-            title = line.strip("\u2500- ") or None  # UTF-8: the title sits in the top border
-        elif rule and text:
-            break
-        elif line and not rule:
-            text.append(line)
-    text = " ".join(text)
-    if not text:
-        return title or "bad command line"
-    return text if title is None or text.lower().startswith(title.lower()) else f"{title}: {text}"
+HELP = ("-h", "--help")
 
 
-def given_flags(cls, argv: list[str]) -> dict:
-    """The fields the command line sets explicitly, with their values (nothing else): argv parsed
-    (a bad one is a UserError), then each `--name`, `--name=...` or `--no-name` it holds."""
-    values = vars(parse_dataclass(cls, [a for a in argv if a not in ("-h", "--help")]))
-    names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}
-    given = {}
-    for token in argv:
-        flag = token.split("=", 1)[0].removeprefix("--") if token.startswith("--") else None
-        if flag in names:
-            given[names[flag]] = values[names[flag]]
-        elif flag and flag.startswith("no-") and flag[3:] in names:
-            given[names[flag[3:]]] = values[names[flag[3:]]]
-    return given
+def given_flags(cls, argv: list[str], defaults: dict | None = None) -> tuple[dict, bool]:
+    """(the fields the command line sets, with their values; whether it asks for --help), from tyro's
+    own parse: argv read twice, over the dataclass's defaults and over another value for every field.
+    A field the command line sets reads the same both times, in whatever spelling tyro took it
+    (`--max-steps 5`, `--max_steps=5`, `--no-plain`); a field it leaves reads its two defaults. A bad
+    command line is a UserError; --help is reported, not printed (the caller prints it, with the
+    defaults it will use)."""
+    defaults = {f.name: (defaults or {}).get(f.name, f.default) for f in dataclasses.fields(cls)}
+    first, rest = _tyro(cls, argv, None, defaults, add_help=False, unknown=True)
+    asked = any(token in HELP for token in rest)
+    if [token for token in rest if token not in HELP]:  # what tyro did not take: its own error
+        _tyro(cls, [a for a in argv if a not in HELP], None, defaults)
+    hints = typing.get_type_hints(cls)
+    other = {name: _another(hints[name], value) for name, value in defaults.items()}
+    second, _ = _tyro(cls, argv, None, other, add_help=False, unknown=True)
+    return {k: v for k, v in first.items() if _same(v, second[k])}, asked
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _another(hint, value):
+    """A valid value of the type `hint` other than `value` (given_flags' second default)."""
+    kinds = [k for k in typing.get_args(hint)] if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
+    for kind in kinds:
+        if kind is type(None):
+            if value is not None:
+                return None
+        elif typing.get_origin(kind) is typing.Literal:
+            choices = [c for c in typing.get_args(kind) if c != value]
+            if choices:
+                return choices[0]
+        elif kind is bool:
+            return not value
+        elif kind in (int, float):
+            return kind(1) if value is None or value != value or value == 0 else kind(0)
+        elif kind is str:
+            return "x" if value != "x" else "y"
+    raise TypeError(f"no second default for a field of type {hint}")
 
 
 RENAMED_FLAGS = {"mult_eps": "eps_m"}  # flags renamed since some runs were saved: old name -> new
@@ -221,15 +263,6 @@ SEED_LIMIT = 2**32  # torch, numpy and random take seeds in [0, 2^32) (beyond: a
 
 def seed_problems(flag: str, seeds: list[int]) -> list[str]:
     return [f"{flag} must be in [0, 2^32); got {seed}" for seed in seeds if not 0 <= seed < SEED_LIMIT]
-
-
-def history_problems(value: str) -> list[str]:
-    """--history's problem, if it has one (envs.history_length's rule), as check_domains gives them."""
-    try:
-        history_length(value)
-    except ValueError as err:
-        return [str(err)]
-    return []
 
 
 def check_domains(args, positive: tuple = (), non_negative: tuple = (), finite: tuple = ()) -> list[str]:

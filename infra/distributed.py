@@ -30,8 +30,8 @@ class DataParallel:
 
     Each process plays whole groups (GRPO statistics stay local), builds and scores its rows;
     the token-mean denominator and the LoRA gradients are summed over processes, so N
-    processes take the same optimizer step as one process over all the rows; metrics are
-    gathered; the main process alone writes logs and checkpoints."""
+    processes take the same optimizer step as one process over all the rows (train.py takes
+    it); metrics are gathered; the main process alone writes logs and checkpoints."""
 
     def __init__(self):
         self.world, self.rank, self.device = int(os.environ.get("WORLD_SIZE", "1")), 0, None
@@ -64,35 +64,22 @@ class DataParallel:
         mine = torch.device(self.device)
         return tensor.device.type == mine.type and (mine.type == "cpu" or tensor.device.index == mine.index)
 
+    def all(self, flag: bool) -> bool:
+        """Whether `flag` holds on every process (a step any of them cannot take, none takes)."""
+        return self.sum(0.0 if flag else 1.0) == 0
+
     def sum_grads(self, params: list) -> None:
-        """Sum each LoRA gradient over processes (each is already divided by the global token count)."""
+        """Sum each LoRA gradient over processes (each is already divided by the global token count).
+        A parameter without a gradient (its rows left out of the minibatch) gets zeros, here and in a
+        plain run: every process steps the same parameters, and AdamW's moments move them all."""
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
         if self.world == 1:
             return
         for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
             if not self.holds(p.grad):  # the policy was loaded onto self.device
                 raise RuntimeError(f"a LoRA gradient is on {p.grad.device}, not on this process's {self.device}")
             torch.distributed.all_reduce(p.grad)
-
-    def step(self, optimizer, params: list, grad_clip: float, finite: bool, stats: dict[str, float]) -> dict | None:
-        """One optimizer step that every process takes together: the token-mean pieces of the gradients
-        and statistics summed over processes, the gradient norm clipped, the step applied. A parameter
-        without a gradient (a minibatch of rows left out) gets zeros: the step still moves the weights
-        through Adam's momentum (once it has any: a run's first step on zeros moves nothing). When any process's loss or the gradient norm is not finite, no process
-        steps (returns None). Returns the summed statistics and grad_norm."""
-        for p in params:
-            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
-        finite = self.sum(0.0 if finite else 1.0) == 0  # skip together
-        if finite:
-            self.sum_grads(params)
-            stats = {k: self.sum(v) for k, v in stats.items()}
-            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            finite = bool(torch.isfinite(norm))
-        if finite:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return {**stats, "grad_norm": float(norm)} if finite else None
 
     def gather(self, items: list) -> list:
         """Every process's list, concatenated in process order."""

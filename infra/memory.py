@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 GIB = 2**30
 HEADROOM = 0.9  # a plan may use 90% of the card: the allocator's fragmentation and what it does not count
-PROMPT_TOKENS = {"alfworld": 780, "webshop": 900}  # the longest prompt at --history 2 (docs/scaling.md)
 PROMPT_TOKENS_PER_HISTORY_PAIR = 150  # what one more observation/action pair adds (estimated)
 ACTIVATION_TERMS = 5  # (H + I)-sized tensors a token keeps while one checkpointed layer recomputes and runs its
 # backward: calibrated (the H200's update peak, 4 x 4,096 tokens: 0.43 MB a token at 7B with the checkpoints)
@@ -116,10 +115,12 @@ def parameter_bytes(shape: Shape, s: Setting) -> float:
     return base + 4 * shape.lora_params(s.lora_r)
 
 
-def prompt_tokens(env: str, history: str, max_steps: int = 0) -> int:
-    """The longest prompt to plan for: measured at --history 2, one pair more or less a step of it."""
-    pairs = (max_steps or {"alfworld": 50, "webshop": 15}[env]) if history == "all" else int(history)
-    return PROMPT_TOKENS[env] + (pairs - 2) * PROMPT_TOKENS_PER_HISTORY_PAIR
+def prompt_tokens(at_history_2: int, history: str, max_steps: int) -> int:
+    """The longest prompt to plan for, from the env's longest at --history 2 (its `prompt_tokens`:
+    ALFWorld 780, WebShop 900, docs/scaling.md): one pair more or less a step of it. max_steps: the
+    episode's steps, which "all" keeps."""
+    pairs = max_steps if history == "all" else int(history)
+    return at_history_2 + (pairs - 2) * PROMPT_TOKENS_PER_HISTORY_PAIR
 
 
 def plan(shape: Shape, s: Setting, card_gib: float | None = None) -> dict:

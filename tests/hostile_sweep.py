@@ -588,7 +588,7 @@ def flags_section(work: Path, marker: Path, record) -> None:
 def frozen_worker(timeout: str, within: float) -> str:
     """A frozen ALFWorld worker (SIGSTOP): the step returns within `within` seconds and only that worker's
     episodes end as crashed. `timeout` is make_env's keyword as text ("" for the default)."""
-    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs import make_env\n"
+    code = ("import os, signal, sys, time; sys.path.insert(0, '.'); from envs.make import make_env\n"
             f"env = make_env('alfworld', workers=2, {timeout}); env.reset(env.tasks('train')[:2])\n"
             "os.kill(env._procs[0].pid, signal.SIGSTOP); t = time.time()\n"
             "out = env.step(['<think>x</think><action>look</action>'] * 2)\n"

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from advantage import grpo_advantages, segment_gap, segment_multipliers, shuffled_within_groups, token_advantages
-from baselines import rlsd_token_advantages
+from advantage import grpo_advantages, segment_gap, segment_multipliers, token_advantages
+from baselines import rlsd_token_advantages, shuffled_within_groups
 
 
 # ----------------------------------------------------------------------------- GRPO
@@ -140,18 +140,18 @@ def test_sharpo_by_hand():
     mask = torch.ones(2, 2, dtype=torch.bool)
     gaps = segment_gap(lt, ls, mask)
     assert torch.allclose(gaps, torch.tensor([0.1, -0.5]))
-    pos, m = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask)
+    pos, m = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, 0.5, 0.2)
     m1, m2 = math.exp(0.1), 0.8
     assert torch.allclose(m, torch.tensor([m1, m2]))  # the multipliers Ahat applied, returned beside it
     assert torch.allclose(pos, torch.tensor([[2 * (0.5 + 0.5 * m1)] * 2, [2 * (0.5 + 0.5 * m2)] * 2]))
-    neg, _ = token_advantages(torch.tensor([-2.0, -2.0]), gaps, mask)
+    neg, _ = token_advantages(torch.tensor([-2.0, -2.0]), gaps, mask, 0.5, 0.2)
     m1, m2 = math.exp(-0.1), 1.2
     assert torch.allclose(neg, torch.tensor([[-2 * (0.5 + 0.5 * m1)] * 2, [-2 * (0.5 + 0.5 * m2)] * 2]))
     # StepOPSD: m = clip(2 * sigmoid(0.1)) = 1.04996
-    sig, _ = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, shape="sigmoid")
+    sig, _ = token_advantages(torch.tensor([2.0, 2.0]), gaps, mask, 0.5, 0.2, shape="sigmoid")
     assert sig[0, 0].item() == pytest.approx(2 * (0.5 + 0.5 * 2 / (1 + math.exp(-0.1))), rel=1e-6)
     # RLSD: per token, the first token's delta 0.2 saturates at 1.2, the second's 0 gives 1
-    tok, m_t = rlsd_token_advantages(torch.tensor([2.0, 2.0]), lt, ls, mask)
+    tok, m_t = rlsd_token_advantages(torch.tensor([2.0, 2.0]), lt, ls, mask, 0.5, 0.2)
     assert torch.allclose(tok[0], torch.tensor([2 * (0.5 + 0.5 * 1.2), 2.0]))
     assert torch.allclose(m_t[0], torch.tensor([1.2, 1.0]))  # each token's own multiplier
 
@@ -180,7 +180,7 @@ def test_gap_mask_limits_the_gap_to_chosen_tokens():
     mask = torch.ones(1, 4, dtype=torch.bool)
     gaps = segment_gap(lt, ls, mask, gap_mask=torch.tensor([[False, False, True, True]]))
     assert gaps.item() == pytest.approx(0.1)
-    assert segment_multipliers(torch.tensor([1.0]), gaps).item() == pytest.approx(math.exp(0.1))
+    assert segment_multipliers(torch.tensor([1.0]), gaps, 0.2).item() == pytest.approx(math.exp(0.1))
     # a segment with no gap tokens: gap 0, multiplier 1 (segments.action_masks never passes one: it falls back)
     assert segment_gap(lt, ls, mask, gap_mask=torch.zeros(1, 4, dtype=torch.bool)).item() == 0.0
 
@@ -191,4 +191,4 @@ def test_invalid_settings_raise(kw):
     """Settings outside 0 <= lam <= 1, 0 < eps_m < 1, or unknown variants are clear errors."""
     adv, lt, ls, mask = _random_case(0)
     with pytest.raises(ValueError):
-        token_advantages(adv, segment_gap(lt, ls, mask), mask, **kw)
+        token_advantages(adv, segment_gap(lt, ls, mask), mask, **{"lam": 0.5, "eps_m": 0.2, **kw})

@@ -9,7 +9,8 @@ from peft import PeftModel
 
 import eval as eval_script
 import train
-from infra import checkpoint, config
+from flags import WARMSTART
+from infra import checkpoint
 from infra.checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
 from infra.cli import UserError
 from infra.models import build_tiny_model, build_tiny_tokenizer, load_policy, smollm2_gguf
@@ -78,17 +79,17 @@ def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
     """The embedded SmolLM2 with the shipped warm start: the saved checkpoint gives the same
     logits through eval/resume loading (exactly) and through plain peft on the GGUF base
     (folded); adapter_config names the Hugging Face id and the card says how to load the file."""
-    model, _ = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=config.WARMSTART, announce=lambda s: None)
+    model, _ = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=WARMSTART, announce=lambda s: None)
     with torch.no_grad():  # stands in for training: a non-zero adapter
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
     trained = _logits(model)
-    flags = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(config.WARMSTART), load_in_4bit=False,
+    flags = {**vars(train.TrainArgs(model="smollm2", init_adapter=str(WARMSTART), load_in_4bit=False,
                                     lora_r=4, lora_alpha=8, dtype="fp32"))}  # the dtype load_policy used above
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    save_policy(model, ckpt, flags, config.WARMSTART)
+    save_policy(model, ckpt, flags, WARMSTART)
     (ckpt / "config.json").write_text(json.dumps(flags))
     assert torch.equal(_logits(load_checkpoint_policy(ckpt)[0]), trained)
     from transformers import AutoModelForCausalLM
@@ -104,7 +105,7 @@ def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
 
 def test_an_adapter_for_another_model_is_a_clear_error():
     with pytest.raises(UserError, match="another base model"):
-        load_policy("tiny", init_adapter=config.WARMSTART)
+        load_policy("tiny", init_adapter=WARMSTART)
 
 
 class _Payload:

@@ -8,7 +8,9 @@ import pytest
 
 import eval as eval_script
 import train
-from infra import checkpoint, config
+import flags as train_flags
+from flags.parse import describe
+from infra import checkpoint
 from infra.cli import UserError
 from tiny_runs import tiny_args, tiny_train
 
@@ -20,7 +22,7 @@ def test_explicit_model_beats_the_presets_warm_start():
     size-mismatch crash); with the preset's own model it stays; an explicit one is kept."""
     args = train.parse_args(["--preset", "cpu-demo", "--env", "alfworld", "--model", "tiny"])
     assert args.model == "tiny" and args.init_adapter is None
-    assert train.parse_args(["--preset", "cpu-demo"]).init_adapter == str(config.WARMSTART)
+    assert train.parse_args(["--preset", "cpu-demo"]).init_adapter == str(train_flags.WARMSTART)
     assert train.parse_args(["--preset", "cpu-demo", "--init-adapter", "none"]).init_adapter is None
 
 
@@ -28,10 +30,10 @@ def test_the_learning_preset_plays_the_learning_set():
     """--preset cpu-learn trains on data/alfworld-learn's train games with its own warm start,
     evaluates on its held-out split, writes to its own run folder, and is ALFWorld's only."""
     args = train.parse_args(["--preset", "cpu-learn"])
-    assert args.data_dir == str(config.DATA / "alfworld-learn") and args.eval_split == "valid_seen"
-    assert args.init_adapter == str(config.LEARN_WARMSTART) and args.output_dir == "runs/alfworld-sharpo-cpu-learn"
-    assert (config.DATA / "alfworld-learn" / "json_2.1.1" / "train").is_dir()
-    assert (config.LEARN_WARMSTART / "adapter_model.safetensors").is_file()
+    assert args.data_dir == str(train_flags.DATA / "alfworld-learn") and args.eval_split == "valid_seen"
+    assert args.init_adapter == str(train_flags.LEARN_WARMSTART) and args.output_dir == "runs/alfworld-sharpo-cpu-learn"
+    assert (train_flags.DATA / "alfworld-learn" / "json_2.1.1" / "train").is_dir()
+    assert (train_flags.LEARN_WARMSTART / "adapter_model.safetensors").is_file()
     with pytest.raises(UserError, match="cpu-learn is ALFWorld's"):
         train.parse_args(["--preset", "cpu-learn", "--env", "webshop"])
 
@@ -48,11 +50,13 @@ def test_help_shows_the_presets_defaults_and_bad_values_stop_before_loading():
     assert text.index("MethodArgs options") < text.index("BaselineArgs options") < text.index("RunArgs options")
     assert "The method's flags (METHOD.md)" in text and "How a run of train.py is executed" in text
     assert "--model {None}|STR" in text and "(default: smollm2)" in text
+    assert "--env {alfworld,webshop}" in text and "--algo {sharpo,grpo,rlsd,stepopsd,sdar,gigpo}" in text
     bad = subprocess.run([sys.executable, "-c", "import sys, train; from infra.cli import run; "
                           "run(lambda: train.main(['--env', 'alfwrld'])); "],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("error: invalid choice 'alfwrld' for argument '--env'")
+    assert bad.stderr.strip().splitlines()[-1] == ("error: --env 'alfwrld' is no environment of this project: "
+                                                   "choose one of alfworld, webshop")
     assert "Traceback" not in bad.stderr
 
 
@@ -188,13 +192,11 @@ def test_the_demo_says_what_its_preset_changes_and_why():
     """The cpu-demo preset switches the hindsight mode and the KL term, among others: the run's first
     lines say so, each change with its reason; a flag given on the command line is not reported as
     the preset's."""
-    from infra import config
-
-    text = config.describe(train.parse_args(["--preset", "cpu-demo", "--output-dir", "unused"]))
+    text = describe(train.parse_args(["--preset", "cpu-demo", "--output-dir", "unused"]))
     assert "the cpu-demo preset changes, from the GPU setting:" in text
     assert "--hindsight expert: the 135M model rarely has a winning sibling" in text
     assert "--kl-coef 0.0: no KL term" in text
-    mine = config.describe(train.parse_args(["--preset", "cpu-demo", "--hindsight", "sibling", "--output-dir", "x"]))
+    mine = describe(train.parse_args(["--preset", "cpu-demo", "--hindsight", "sibling", "--output-dir", "x"]))
     assert "--hindsight" not in mine and "--kl-coef 0.0" in mine
-    assert "preset changes" not in config.describe(train.parse_args(["--preset", "none", "--model", "tiny",
+    assert "preset changes" not in describe(train.parse_args(["--preset", "none", "--model", "tiny",
                                                                       "--output-dir", "x"]))

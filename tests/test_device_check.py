@@ -48,7 +48,7 @@ def test_the_next_calls_parts_write_their_figures(tmp_path):
     """The parts of docs/scaling.md's two next calls, in the first call's order: the course card's iteration at
     --preset course's sizes, the bf16 7B's decode compared, passes and prefill, the nf4 decode compared; each
     peak with its planned figure beside it."""
-    from infra.config import PRESETS
+    from flags import PRESETS
 
     args = ["--model", "tiny", "--parts", device_check.NEXT_CALLS[1] + ",bf16-iteration", "--out", str(tmp_path / "n.json")]
     out = device_check.main(args)

@@ -125,7 +125,7 @@ def test_the_time_plan_counts_the_reference_pass_over_every_row():
     pass stage over all the rows and does not promise that ties skip them."""
     import train
 
-    assert train.TrainArgs.kl_coef > 0 and "kl_coef" not in __import__("infra.config").config.PRESETS["gpu"]
+    assert train.TrainArgs.kl_coef > 0 and "kl_coef" not in __import__("flags").PRESETS["gpu"]
     text = (ROOT / "docs" / "scaling.md").read_text()
     stages = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 6}
     assert "reference pass" in stages and "every row" in stages["reference pass"]
@@ -133,14 +133,14 @@ def test_the_time_plan_counts_the_reference_pass_over_every_row():
 
 
 def test_the_preset_tables_and_the_flag_table_are_the_code_s():
-    """docs/training.md's preset tables are the presets as infra/config.py defines them (each change
+    """docs/training.md's preset tables are the presets as flags/__init__.py defines them (each change
     with its reason, as a run prints them), and its flag table names every flag train.py takes."""
     import train
-    from infra.config import preset_tables
+    from flags import preset_tables
 
     text = (ROOT / "docs" / "training.md").read_text()
-    assert preset_tables() in text, ("docs/training.md's preset tables differ from infra/config.py's presets: "
-                                     "paste the output of python -c 'from infra.config import preset_tables; "
+    assert preset_tables() in text, ("docs/training.md's preset tables differ from flags/__init__.py's presets: "
+                                     "paste the output of python -c 'from flags import preset_tables; "
                                      "print(preset_tables())' under its Presets heading")
     documented = set(re.findall(r"^\| (`--[^|]+)\|", text, re.M))
     flags = {f for cell in documented for f in re.findall(r"`--([\w-]+)`", cell)}
@@ -159,8 +159,8 @@ def test_the_per_card_table_is_the_calculator_s():
 
 def test_the_flags_a_resume_may_change_are_the_code_s():
     """docs/runs.md's "Resuming" paragraph names every flag a resumed run may change
-    (infra/config.py's RESUME_MAY_CHANGE), so a reader is not told a flag is refused that is not."""
-    from infra.config import RESUME_MAY_CHANGE
+    (flags/__init__.py's RESUME_MAY_CHANGE), so a reader is not told a flag is refused that is not."""
+    from flags import RESUME_MAY_CHANGE
 
     text = (ROOT / "docs" / "runs.md").read_text()
     paragraph = text[text.index("**Resuming.**"):].split("\n\n")[0]

@@ -7,8 +7,7 @@ import torch
 
 import train
 from advantage import grpo_advantages
-from baselines import anchor_groups, discounted_returns, gigpo_token_advantages
-from infra import metrics
+from baselines import GiGPO, anchor_groups, discounted_returns, gigpo_token_advantages
 from infra.models import load_policy
 from stub_env import StubEnv
 
@@ -44,7 +43,7 @@ def test_returns_groups_and_step_advantages_by_hand():
     mask = torch.tensor([[True, True, False]] * 8)  # (B, T) two response tokens, then padding
     tok = gigpo_token_advantages(adv_row, step_adv, mask, omega=1.0)
     assert tok[0, 0].item() == pytest.approx(2.309185, abs=1e-5) and tok[0, 1] == tok[0, 0] and tok[0, 2] == 0
-    stats = metrics.gigpo_metrics(SimpleNamespace(step_groups=groups, step=step_adv))
+    stats = GiGPO().metrics(SimpleNamespace(step_groups=groups, step=step_adv), lambda v: v)
     assert stats["gigpo/step_group_share"] == pytest.approx(6 / 8) and stats["gigpo/step_group_size"] == pytest.approx(2.0)
 
 

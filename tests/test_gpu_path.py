@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import train
-from infra import config, metrics
+from flags import PRESETS
+from flags import parse as config
+from infra import metrics
 from infra.cli import UserError
 from infra.models import load_policy
 from tiny_runs import flags
@@ -359,7 +361,7 @@ def test_the_fit_check_refuses_7b_bf16_on_24gb_and_accepts_the_course_card(tmp_p
     with pytest.raises(UserError, match="use --rollout-batch 32"):  # nf4, but every episode's prefill at once
         config.check_gpu(_gpu_args(tmp_path), 21.5, (8, 9))
     config.check_gpu(_gpu_args(tmp_path, rollout_batch=32), 21.5, (8, 9))
-    course = {k: v for k, v in config.PRESETS["course"].items() if k not in ("iterations", "eval_every", "eval_games")}
+    course = {k: v for k, v in PRESETS["course"].items() if k not in ("iterations", "eval_every", "eval_games")}
     config.check_gpu(_gpu_args(tmp_path, **course), 21.5, (8, 9))
     with pytest.raises(UserError, match="no bf16.*--dtype fp32 --load-in-4bit False"):
         config.check_gpu(_gpu_args(tmp_path, **course), 14.6, (7, 5))
@@ -371,11 +373,11 @@ def test_the_per_card_table_shows_the_course_preset_as_it_is():
     fits what its row says."""
     from infra import memory
 
-    preset = config.PRESETS["course"]
+    preset = PRESETS["course"]
     card, model, s, _ = next(row for row in memory.CARD_SETTINGS if "course" in row[3])
     assert model == preset["model"] and s.load_in_4bit == preset["load_in_4bit"] and s.lora_r == preset["lora_r"]
     assert s.episodes == preset["groups"] * preset["group_size"] and s.max_new_tokens == preset["max_new_tokens"]
-    assert s.prompt_tokens == memory.prompt_tokens("alfworld", "2") and card.startswith("24 GB")
+    assert s.prompt_tokens == memory.prompt_tokens(780, "2", 50) and card.startswith("24 GB")
     seven = memory.QWEN["Qwen/Qwen2.5-7B-Instruct"]
     assert memory.weight_bytes(seven, False) / 2**30 == pytest.approx(14.2, abs=0.05)  # the H200's measured bf16
     assert memory.weight_bytes(seven, True) / 2**30 == pytest.approx(5.2, abs=0.05)  # and nf4 weights

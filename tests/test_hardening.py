@@ -207,7 +207,7 @@ def test_a_webshop_data_file_that_is_no_regular_file_is_one_line(tmp_path, kind)
 def test_a_frozen_worker_counts_as_crashed_within_its_timeout():
     """SIGSTOP one of two ALFWorld workers mid-episode: the step returns within the timeout, that worker's episodes
     end as failed, it is killed and started anew, and the other worker's episodes go on."""
-    from envs import make_env
+    from envs.make import make_env
 
     env = make_env("alfworld", workers=2, timeout=5)
     try:
@@ -313,8 +313,8 @@ def test_a_resume_refuses_tasks_that_changed_under_the_same_path(tmp_path):
     import shutil
 
     import train
-    from envs import make_env
-    from infra.config import DATA
+    from envs.make import make_env
+    from flags import DATA
 
     data = tmp_path / "webshop"
     shutil.copytree(DATA / "webshop", data)
@@ -434,7 +434,7 @@ def test_resume_messages_say_what_happened(tmp_path):
     resume was recorded but never applied: refused as a change; a checkpoint's own bad value was blamed on a flag
     the user never gave: the message names the config.json."""
     import train
-    from infra import config
+    import flags as config
 
     run = tiny_run_folder(tmp_path, iterations=2)
     with pytest.raises(UserError, match="--iterations 1: .* is at iteration 2 already"):
@@ -497,7 +497,7 @@ def test_an_empty_split_is_one_line_not_a_draw_that_never_ends():
     nothing forever (holding the run's lock), and eval.py reported 0 episodes as success 0.0."""
     from types import SimpleNamespace
 
-    from envs import training_tasks
+    from envs.make import training_tasks
     from eval import pick_games
 
     empty = SimpleNamespace(name="webshop", tasks=lambda split: [], task_type=lambda t: "x")

@@ -7,7 +7,7 @@ import torch
 
 from advantage import kl_loss, policy_loss, segment_gap, token_advantages
 from baselines import sdar_loss
-from infra.metrics import loss_stats
+from report import loss_stats
 
 
 def test_loss_by_hand():
@@ -19,7 +19,7 @@ def test_loss_by_hand():
     logp_new = torch.tensor([[0.1, -0.5, 3.0]])
     adv = torch.tensor([[1.0, -1.0, 5.0]])
     mask = torch.tensor([[True, True, False]])
-    loss = policy_loss(logp_new, logp_old, adv, mask, 2)
+    loss = policy_loss(logp_new, logp_old, adv, mask, 2, 0.2)
     assert loss.item() == pytest.approx((-math.exp(0.1) + 0.8) / 2, rel=1e-6)
     assert loss_stats(logp_new, logp_old, adv, mask, 2, 2, 0.2)["clip_frac"].item() == pytest.approx(0.5)
 
@@ -30,7 +30,7 @@ def test_clipping_engages_outside_range(log_ratio, adv, clipped):
     """The gradient vanishes exactly when the ratio leaves [0.8, 1.2] in the direction the
     advantage pushes (PPO's pessimistic bound); otherwise it is A * ratio."""
     logp_new = torch.tensor([[log_ratio]], requires_grad=True)
-    loss = policy_loss(logp_new, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1, dtype=torch.bool), 1)
+    loss = policy_loss(logp_new, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1, dtype=torch.bool), 1, 0.2)
     loss.backward()
     if clipped:
         assert logp_new.grad.item() == 0.0
@@ -46,10 +46,10 @@ def test_no_gradient_outside_segments_and_none_to_teacher():
     logp_new = (logp_old + 0.05 * torch.randn(2, 5, generator=g)).requires_grad_(True)
     logp_teacher = (logp_old + 0.3 * torch.randn(2, 5, generator=g)).requires_grad_(True)
     mask = torch.tensor([[True, True, True, False, False], [True, True, True, True, False]])
-    adv, _ = token_advantages(torch.tensor([1.0, -1.0]), segment_gap(logp_teacher, logp_old, mask), mask)
+    adv, _ = token_advantages(torch.tensor([1.0, -1.0]), segment_gap(logp_teacher, logp_old, mask), mask, 0.5, 0.2)
     n = int(mask.sum())
-    loss = policy_loss(logp_new, logp_old, adv, mask, n) + 0.1 * kl_loss(logp_old, logp_new, mask, n) \
-        + 0.5 * sdar_loss(logp_new, logp_teacher, logp_old, mask, n)
+    loss = policy_loss(logp_new, logp_old, adv, mask, n, 0.2) + 0.1 * kl_loss(logp_old, logp_new, mask, n) \
+        + 0.5 * sdar_loss(logp_new, logp_teacher, logp_old, mask, n, 5.0)
     loss.backward()
     assert torch.equal(logp_new.grad[~mask], torch.zeros_like(logp_new.grad[~mask]))
     assert (logp_new.grad[mask] != 0).all()
@@ -69,7 +69,7 @@ def test_micro_batches_accumulate_to_the_minibatch_token_mean():
     n = int(mask.sum())
 
     def loss(new, rows):
-        return policy_loss(new, logp_old[rows], adv[rows], mask[rows], n) + 0.01 * kl_loss(ref[rows], new, mask[rows], n)
+        return policy_loss(new, logp_old[rows], adv[rows], mask[rows], n, 0.2) + 0.01 * kl_loss(ref[rows], new, mask[rows], n)
 
     whole = new0.clone().requires_grad_(True)
     loss(whole, slice(0, 4)).backward()
@@ -109,7 +109,7 @@ def test_sdar_term_raises_logp_in_proportion_to_the_gate():
     logp_new = torch.zeros(2, 2, requires_grad=True)
     logp_teacher = torch.tensor([[0.4, -0.4], [1.0, 1.0]])
     has_hindsight = torch.tensor([[True, True], [False, False]])
-    loss = 0.01 * sdar_loss(logp_new, logp_teacher, logp_old, has_hindsight, 2, beta=5.0)
+    loss = 0.01 * sdar_loss(logp_new, logp_teacher, logp_old, has_hindsight, 2, 5.0)
     loss.backward()
     gate = torch.sigmoid(5.0 * torch.tensor([0.4, -0.4]))
     assert torch.allclose(logp_new.grad[0], -0.01 * gate / 2)

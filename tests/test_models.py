@@ -7,7 +7,7 @@ import torch
 import eval as eval_script
 import train
 from envs.alfworld import AlfWorldEnv
-from infra import config
+from flags import DATA, WARMSTART
 from infra.cli import UserError
 from infra.models import build_tiny_model, build_tiny_tokenizer, check_fits, load_policy, smollm2_folder, smollm2_gguf
 from rollout import ModelPolicy, play_episodes
@@ -18,7 +18,7 @@ from tiny_runs import flags
 def test_embedded_smollm2_plays_a_short_episode():
     """The real SmolLM2-135M-Instruct loads from the installed package (with the shipped warm
     start merged in) and plays one short ALFWorld episode; every step holds sampled ids."""
-    model, tok = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=config.WARMSTART, announce=lambda s: None)
+    model, tok = load_policy("smollm2", lora_r=4, lora_alpha=8, init_adapter=WARMSTART, announce=lambda s: None)
     assert model.get_base_model().config.model_type == "llama"
     env = AlfWorldEnv(max_steps=2)
     task = [t for t in env.tasks("train") if "DeskLamp" in t][0]
@@ -49,7 +49,7 @@ def test_the_embedded_model_folder_holds_the_gguf_weights_and_tokenizer(tmp_path
     assert cached.config.tie_word_embeddings == direct.config.tie_word_embeddings
     tok_direct = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok_cached = AutoTokenizer.from_pretrained(folder)
-    text = (config.DATA.parent / "README.md").read_text() + " ünïcödé 日本語 <|im_end|>\n\n  x"
+    text = (DATA.parent / "README.md").read_text() + " ünïcödé 日本語 <|im_end|>\n\n  x"
     messages = [{"role": "user", "content": "go to desk 1"}, {"role": "assistant", "content": "<action>look</action>"}]
     assert tok_cached(text)["input_ids"] == tok_direct(text)["input_ids"]
     assert tok_cached.apply_chat_template(messages, tokenize=False) == tok_direct.apply_chat_template(messages, tokenize=False)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import train
-from infra import config, memory, precision
+from flags.parse import describe
+from infra import memory, precision
 from tiny_runs import tiny_run_folder
 
 
@@ -235,7 +236,7 @@ def test_the_run_says_what_auto_chose_and_a_resumed_run_keeps_its_precision(tmp_
     monkeypatch.setattr(precision, "measured_cpu_dtype", lambda model, once=None: record)
     args = train.parse_args(["--preset", "cpu-demo", "--output-dir", str(tmp_path / "demo")])
     assert args.dtype == "bf16"
-    assert "--dtype auto: bf16, 0.81x float32's time on this CPU" in config.describe(args)
+    assert "--dtype auto: bf16, 0.81x float32's time on this CPU" in describe(args)
     run = tiny_run_folder(tmp_path, dtype="bf16")
     monkeypatch.setattr(precision, "measured_cpu_dtype", lambda model, once=None: {
         **record, "dtype": "fp32", "ratio": 1.3, "low": 1.2, "high": 1.4, "cached": True})

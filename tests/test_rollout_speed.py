@@ -81,8 +81,8 @@ def test_the_cached_prefill_samples_what_the_plain_one_does(batch):
 def test_a_greedy_rollout_of_the_demo_s_games_takes_the_same_actions_both_ways():
     """The embedded model with the demo's warm start, greedy, on 2 of the shipped games, 2 episodes each, 3
     turns: every episode's actions are the same with the shared-prefix prefill as without it."""
-    from envs import make_env, training_tasks
-    from infra.config import DATA, WARMSTART
+    from envs.make import make_env, training_tasks
+    from flags import DATA, WARMSTART
 
     model, tok = load_policy("smollm2", lora_r=8, lora_alpha=16, init_adapter=WARMSTART, dtype="fp32")
     env = make_env("alfworld", data_dir=DATA / "alfworld", max_steps=3)

@@ -338,17 +338,17 @@ def test_folding_adapters_keeps_the_layers_either_one_touches():
 def test_a_run_ends_with_its_last_iterations_segments(tmp_path):
     """What train.py prints at the end: each sample trajectory of the last logged iteration, a line per
     step with its gap g and multiplier m (- where the teacher was not asked)."""
-    from infra import metrics
+    import report
 
     run = tiny_run_folder(tmp_path, iterations=2, group_size=4, samples_per_iter=2)
     records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    last = metrics.last_samples(run)
+    last = report.last_samples(run)
     assert last and {r["iteration"] for r in last} == {2} and len(last) < len(records)
-    table = metrics.segments_table(last).splitlines()
+    table = report.segments_table(last).splitlines()
     assert len(table) == sum(1 + len(r["segments"]) for r in last)
     steps = [line for line in table if line.startswith("  step ")]
     assert steps and all(" g " in line and " m " in line for line in steps)
-    assert metrics.last_samples(tmp_path / "nothing") == [] and metrics.segments_table([]) == ""
+    assert report.last_samples(tmp_path / "nothing") == [] and report.segments_table([]) == ""
 
 
 def test_a_run_saved_with_the_old_flag_name_resumes(tmp_path):

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import train
 from baselines import ALGORITHMS
-from infra import metrics
+import report
+from infra.metrics import Stopwatch
 from infra.models import load_policy
 from stub_env import StubEnv
 from tiny_runs import flags
@@ -69,8 +70,8 @@ def test_skipping_leaves_the_update_unchanged(tmp_path, algo, kl):
         if k != "update/approx_kl_old":
             assert part_stats[k] == pytest.approx(full_stats[k], abs=1e-6), k
     if ALGORITHMS[algo].uses_teacher(SimpleNamespace(lam=0.5)):  # and the teacher metrics a run logs
-        m_full, m_part = (metrics.teacher_metrics(metrics.Stages(b.trajs, b.rows, b.adv, b.logp, b.credit, b.update,
-                                                                 None, None), algo, 0.2) for b in (full, part))
+        m_full, m_part = (report.teacher_metrics(ALGORITHMS[algo], b.rows, b.adv, b.credit, 0.2, lambda v: v)
+                          for b in (full, part))
         assert m_full.keys() == m_part.keys()
         for k in m_full:
             assert m_part[k] == pytest.approx(m_full[k], abs=1e-6), k
@@ -91,8 +92,8 @@ def test_the_skipped_rows_are_exactly_those_that_may_be_skipped(tmp_path, algo, 
     reads_all = kl > 0 or spec.reads_every_row  # the KL and SDAR terms act on rows whose Ahat is 0
     expected_student = torch.zeros_like(zero) if reads_all else zero
     assert torch.equal(~adv.trained, expected_student)
-    line = metrics.iteration_metrics(metrics.Stages(batch.trajs, rows, adv, logp, batch.credit, batch.update,
-                                                    metrics.Stopwatch(), trainer.actor), trainer.args, trainer.dist, 1)
+    line = report.iteration_metrics(report.Stages(batch.trajs, rows, adv, logp, batch.credit, batch.update,
+                                                  Stopwatch(), trainer.actor), spec, trainer.args, trainer.dist, 1)
     assert line["skipped/student"] == int(expected_student.sum())
     if spec.uses_teacher(trainer.args):
         expected_teacher = rows.has_hindsight & (torch.zeros_like(zero) if spec.reads_every_row else zero)
@@ -161,8 +162,8 @@ def test_bench_times_the_old_way_beside_the_new(tmp_path, monkeypatch):
 
 def test_samples_show_the_trajectories_that_move_first_and_null_where_the_teacher_was_not_asked(tmp_path):
     _, batch, _, _, trainer = one_update(tmp_path, "sharpo", 0.0, skip=True, minibatches=1, ppo_epochs=1)
-    stages = metrics.Stages(batch.trajs, batch.rows, batch.adv, batch.logp, batch.credit, batch.update, None, None)
-    records = metrics.sample_records(stages, trainer.tokenizer, 12, 1)
+    stages = report.Stages(batch.trajs, batch.rows, batch.adv, batch.logp, batch.credit, batch.update, None, None)
+    records = report.sample_records(stages, ALGORITHMS["sharpo"], trainer.tokenizer, 12, 1)
     moving = [r for r in records if r["advantage"] != 0]
     assert moving and records[: len(moving)] == moving  # those whose advantage is not 0 come first
     assert all(isinstance(s["gap"], float) and s["token_delta"] for r in moving for s in r["segments"])

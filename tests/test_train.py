@@ -9,7 +9,8 @@ import torch
 import train
 from advantage import segment_multipliers
 from baselines import ALGORITHMS
-from envs import draw_tasks
+from envs.make import draw_tasks
+import report
 from infra import metrics
 from infra.cli import UserError
 from infra.models import load_policy
@@ -103,7 +104,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_in_loop_evaluations_are_saved_and_the_moving_success_spans_iterations(tmp_path):
     """--eval-every writes each evaluation into the run folder in eval.py's format (every game's
     outcome, the iteration, the limits), and success_recent is the mean success of the last
-    metrics.RECENT iterations, the resumed ones included."""
+    report.RECENT iterations, the resumed ones included."""
     args = _args(tmp_path, iterations=3, eval_every=2, eval_games=2)
     trainer = _trainer(args)
     trainer.eval_env = StubEnv(args.max_steps)
@@ -117,8 +118,8 @@ def test_in_loop_evaluations_are_saved_and_the_moving_success_spans_iterations(t
     assert lines[1]["seconds/eval"] > 0 and "seconds/eval" not in lines[2]
     successes = [m["success"] for m in lines]
     assert [m["success_recent"] for m in lines] == pytest.approx(
-        [sum(successes[max(0, i + 1 - metrics.RECENT):i + 1]) / min(i + 1, metrics.RECENT) for i in range(3)])
-    assert "last 5" in metrics.progress_line(lines[2])
+        [sum(successes[max(0, i + 1 - report.RECENT):i + 1]) / min(i + 1, report.RECENT) for i in range(3)])
+    assert "last 5" in report.progress_line(lines[2])
 
 
 def test_samples_skip_an_episode_that_has_no_steps():
@@ -139,10 +140,10 @@ def test_samples_skip_an_episode_that_has_no_steps():
                 torch.zeros(1, dtype=torch.bool), torch.tensor([True]))
     no = torch.tensor([False])
     adv = Advantages(torch.zeros(1), no, no)
-    stages = metrics.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2)),
+    stages = report.Stages([crashed, played], rows, adv, LogProbs(torch.zeros(1, 2), torch.zeros(1, 2)),
                             Credit(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), {}, None, None)
     tok = SimpleNamespace(decode=lambda ids: "t")
-    records = metrics.sample_records(stages, tok, 2, 1)
+    records = report.sample_records(stages, ALGORITHMS["sharpo"], tok, 2, 1)
     assert [r["task_id"] for r in records] == ["t1"] and records[0]["segments"][0]["multiplier"] is None
 
 
@@ -175,7 +176,7 @@ def test_trained_ids_are_the_sampled_ids(tmp_path):
         return out
 
     model.generate = spy
-    trajs = play_episodes(StubEnv(2), ["task-a"] * 3, policy)
+    trajs = play_episodes(StubEnv(2), ["task-a"] * 3, policy, 2)
     steps = [s for t in trajs for s in t.steps]
     assert len(steps) == len(fed)
     by_prompt = {}
@@ -236,7 +237,7 @@ def test_bad_flags_are_clear_errors(capsys):
     for argv, needle in ((["--algo", "ppo"], "--algo"), (["--hindsight", "oracle"], "--hindsight")):
         with pytest.raises(UserError, match=needle) as err:
             train.parse_args(argv)
-        assert "Expected one of" in str(err.value) and "\n" not in str(err.value)
+        assert "choose one of" in str(err.value) and "\n" not in str(err.value)
     for argv, needle in ((["--lam", "2"], "--lam"), (["--history", "x"], "--history"), (["--eps-m", "1.5"], "--eps-m")):
         with pytest.raises(UserError, match=needle):
             train.parse_args(argv)
@@ -261,7 +262,7 @@ def test_multiplier_metrics_are_what_the_algorithm_applies(tmp_path, algo):
     with torch.no_grad():  # a teacher that disagrees with the student, so multipliers move
         logp.teacher = logp.teacher + torch.linspace(-0.5, 0.5, logp.teacher.shape[1])
     credit = trainer.credit(rows, adv, logp)
-    m = metrics.teacher_metrics(metrics.Stages(trajs, rows, adv, logp, credit, {}, None, None), algo, args.eps_m)
+    m = report.teacher_metrics(ALGORITHMS[algo], rows, adv, credit, args.eps_m, lambda values: values)
     sel = rows.has_hindsight & (adv.row != 0)
     if algo == "sharpo":
         assert m["mult_mean"] == pytest.approx(float(credit.mults[sel].mean()))
@@ -289,7 +290,7 @@ def test_tasks_of_an_iteration_are_distinct_while_there_are_enough(tmp_path):
 def test_win_spread_counts_only_groups_where_some_won_and_some_did_not():
     """groups_with_spread counts any reward difference; groups_with_win_spread only a difference in
     success: a group of losses told apart by one 0.1 invalid-answer penalty has the first, not the second."""
-    from infra.metrics import rollout_metrics
+    from report import rollout_metrics
     from segments import Step, Trajectory
 
     def episode(group, won, invalid=False):

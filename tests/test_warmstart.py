@@ -4,8 +4,10 @@ import random
 
 import pytest
 
-from envs import extract_action, history_length, make_env
-from infra.config import CPU_DEMO_PER_ENV, PRESETS
+from envs import extract_action
+from envs.answer import history_length
+from envs.make import make_env
+from flags import CPU_DEMO_PER_ENV, PRESETS
 from segments import EXPERT_HEADLINE, HINDSIGHT_HEADER
 from eval import QUERY
 from tools.warmstart import expert_rows, reading_check, rewritten_plan

@@ -200,7 +200,7 @@ def test_sampled_price_keeps_full_precision(env):
 def test_expert_scores_one_on_every_shipped_goal(env):
     """eval.py --policy expert: every shipped goal, train and test, is bought with score 1.0."""
     tasks = env.tasks("train") + env.tasks("test")
-    trajs = play_episodes(env, tasks, ExpertPolicy())
+    trajs = play_episodes(env, tasks, ExpertPolicy(), 2)
     assert len(tasks) >= 60 and len(env.products) >= 30
     assert all(t.info["score"] == 1.0 and t.won and t.reward == 10.0 for t in trajs)
     assert summarize(trajs)["mean_score"] == 1.0
@@ -209,7 +209,7 @@ def test_expert_scores_one_on_every_shipped_goal(env):
 def test_expert_plan_matches_the_expert_policy(env):
     """expert_plan (for --hindsight expert) is the action sequence the expert policy plays."""
     task = env.tasks("train")[3]
-    traj = play_episodes(env, [task], ExpertPolicy())[0]
+    traj = play_episodes(env, [task], ExpertPolicy(), 2)[0]
     assert traj.actions == env.expert_plan(task)
 
 

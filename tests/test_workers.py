@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from envs import make_env, resolve_workers
+from envs.make import make_env, resolve_workers
 from envs.alfworld import AlfWorldEnv
 from envs.webshop import WebShopEnv
 from envs.workers import WorkerEnv
@@ -36,7 +36,7 @@ def test_two_workers_play_exactly_the_in_process_episodes():
 
 
 def test_a_dead_worker_ends_its_episodes_and_is_replaced(capsys):
-    env = WorkerEnv("alfworld", 2, max_steps=3)
+    env = WorkerEnv(AlfWorldEnv, 2, max_steps=3)
     try:
         tasks = env.tasks("train")[:2]
         states = env.reset([tasks[0], tasks[0], tasks[1], tasks[1]])
@@ -61,7 +61,7 @@ def test_a_ctrl_c_is_the_parents_to_handle_not_the_workers():
     (so none prints a KeyboardInterrupt traceback while it starts or plays), keep answering, and
     the parent's own handler is back in place after they start."""
     before = signal.getsignal(signal.SIGINT)
-    env = WorkerEnv("alfworld", 1, max_steps=3)
+    env = WorkerEnv(AlfWorldEnv, 1, max_steps=3)
     try:
         task = env.tasks("train")[0]
         env.reset([task])  # the worker is started here
@@ -88,7 +88,7 @@ def test_a_frozen_worker_is_found_in_20_seconds_at_the_defaults():
     import signal
     import time
 
-    from envs import make_env
+    from envs.make import make_env
 
     env = make_env("alfworld", workers=2)
     try:

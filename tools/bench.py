@@ -73,7 +73,8 @@ import infra.models  # noqa: F401  first: it quiets two third-party notices befo
 import torch
 
 import train
-from envs import EnvStep, make_env, resolve_workers
+from envs import EnvStep
+from envs.make import make_env, resolve_workers
 from eval import RandomPolicy
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run

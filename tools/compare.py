@@ -81,7 +81,7 @@ from eval import IN_LOOP_RECORD  # train.py's --eval-every names, and no other
 from baselines import ALGORITHMS
 from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
 from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
-from infra.config import SPLITS
+from envs.make import env_class
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
@@ -546,8 +546,8 @@ def main(argv: list[str] | None = None) -> dict:
         if any(f == flag or f.startswith(flag + "=") for f in train_flags):
             problems.append(f"{flag} is set by compare.py for each run; drop it after --")
     run_flags = None if problems else train.parse_args(train_flags)  # the runs' flags, as train.py resolves them
-    if run_flags and args.eval_split and args.eval_split not in SPLITS[run_flags.env]:
-        problems.append(f"--eval-split for {run_flags.env} must be one of {', '.join(SPLITS[run_flags.env])}; "
+    if run_flags and args.eval_split and args.eval_split not in env_class(run_flags.env).splits:
+        problems.append(f"--eval-split for {run_flags.env} must be one of {', '.join(env_class(run_flags.env).splits)}; "
                         f"got {args.eval_split!r}")
     if problems:
         raise UserError("; ".join(problems))

@@ -66,12 +66,13 @@ import torch
 
 from advantage import grpo_advantages, segment_gap, segment_multipliers
 from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
-from envs import SPLITS, history_length, make_env, resolve_workers
+from envs.answer import history_length
+from envs.make import env_class, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
-from infra.cli import UserError, check_domains, history_problems, given_flags, parse_dataclass, run, seed_problems
-from infra.config import WARMSTART
+from flags import WARMSTART, BaselineArgs, MethodArgs
+from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
 from speed import FastPath
@@ -111,8 +112,8 @@ class CreditArgs:
     max_new_tokens: int = 64  # response length limit per turn
     temperature: float = 1.0  # sampling temperature, as train.py's (the log-probs use the same); cpu-learn's is 0.6
     history: str = "2"  # observation/action pairs in the prompt
-    eps_m: float = 0.2  # multiplier bound eps_m
-    gigpo_gamma: float = 0.95  # GiGPO's discount (for its no-teacher score)
+    eps_m: float = MethodArgs.eps_m  # multiplier bound eps_m (train.py's default)
+    gigpo_gamma: float = BaselineArgs.gigpo_gamma  # GiGPO's discount (for its no-teacher score)
     micro_batch_rows: int = 4  # rows per no-grad forward pass
     bootstrap: int = 1000  # bootstrap resamples for the intervals
     out: str | None = None  # output folder; default runs/credit-<env>
@@ -541,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
     problems += seed_problems("--seeds", seeds)
     if args.checkpoint:  # a run's policy plays its run's env (and data), as in eval.py
         trained = read_config(find_checkpoint(args.checkpoint))  # no config.json: one line, here
-        given = given_flags(CreditArgs, sys.argv[1:] if argv is None else argv)
+        given, _ = given_flags(CreditArgs, sys.argv[1:] if argv is None else argv)
         if "env" in given and given["env"] != trained["env"]:
             raise UserError(f"{args.checkpoint} was trained on {trained['env']}: drop --env (it defaults to the "
                             f"checkpoint's) or pass --env {trained['env']}")
@@ -549,9 +550,13 @@ def main(argv: list[str] | None = None) -> dict:
         if args.data_dir is None and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]
     args.split = args.split or HELD_OUT[args.env]
-    if args.split not in SPLITS[args.env]:  # before the model loads
-        problems.append(f"--split for {args.env} must be one of {', '.join(SPLITS[args.env])}; got {args.split!r}")
-    problems += history_problems(args.history)
+    splits = env_class(args.env).splits
+    if args.split not in splits:  # before the model loads
+        problems.append(f"--split for {args.env} must be one of {', '.join(splits)}; got {args.split!r}")
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")

@@ -1,4 +1,4 @@
-"""Device check: what one GPU does with the paper's model shape, in one call of a few minutes.
+"""Device check: what one GPU does with Qwen2.5-7B's shape (SHARPO's model), in one call of a few minutes.
 
 Measures, for a Qwen2.5-7B-shaped model in nf4 4-bit with LoRA r 64 (random weights, built from its config:
 no download; timings do not depend on the weights' values), built as training loads the real one (bitsandbytes
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> dict:
         slim_bitsandbytes(Path(args.slim_wheel))
         return carry_arithmetic([Path(args.slim_wheel)])
     if args.model == "tiny":
-        given = given_flags(DeviceCheckArgs, sys.argv[1:] if argv is None else argv)
+        given, _ = given_flags(DeviceCheckArgs, sys.argv[1:] if argv is None else argv)
         for key, value in TINY.items():  # the dry run's sizes, unless a flag says otherwise
             if key not in given:
                 setattr(args, key, value)

@@ -52,10 +52,11 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from envs import history_length, make_env
+from envs.answer import history_length
+from envs.make import make_env
 from eval import fill_query, pick_games
-from infra.cli import UserError, check_domains, history_problems, parse_dataclass, run
-from infra.config import CPU_DEMO_PER_ENV
+from flags import CPU_DEMO_PER_ENV
+from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.models import load_policy, resolve_dtype, save_adapter
 from rollout import ModelPolicy
 from speed import collate_rows, response_logprobs
@@ -220,7 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
     problems = check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
                                       if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else [])
-    problems += history_problems(args.history)
+    try:
+        history_length(args.history)
+    except ValueError as err:
+        problems.append(str(err))
     if problems:
         raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model)  # saved as it ran

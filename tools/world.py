@@ -49,6 +49,7 @@ import torch
 
 from advantage import grpo_advantages, policy_loss, segment_gap, token_advantages
 from baselines import gigpo_step_advantages, gigpo_token_advantages, rlsd_token_advantages
+from flags import BaselineArgs, MethodArgs
 from infra.cli import UserError, check_domains, parse_dataclass, run
 
 ALGOS = ("grpo", "sharpo", "stepopsd", "rlsd", "gigpo", "placebo", "centred")  # centred: g minus the episode's mean g
@@ -136,7 +137,8 @@ def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: 
         for m in range(args.minibatches):
             idx = order[m * N * L // args.minibatches : (m + 1) * N * L // args.minibatches]
             logp_new = torch.log_softmax(logits[rows["task"][idx], rows["step"][idx]], -1).gather(1, rows["act"][idx, None])
-            loss = policy_loss(logp_new, logp_old[idx], token_adv[idx], mask[idx], int(mask[idx].sum()))  # (Eq. 6)
+            loss = policy_loss(logp_new, logp_old[idx], token_adv[idx], mask[idx], int(mask[idx].sum()),
+                               MethodArgs.ppo_clip)  # (Eq. 6)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -154,8 +156,9 @@ def credit(algo, rows, logp_old, logp_teacher, mask, eps_m, lam, G, L, groups, r
     if algo == "gigpo":  # the decision's index is the anchor state: every episode of a group passes through it
         traj = torch.arange(len(rows["adv"])) // L
         step_adv, _ = gigpo_step_advantages((rows["step"] == L - 1).float() * rewards[traj], traj,
-                                            groups[traj].tolist(), [str(s) for s in rows["step"].tolist()], 0.95)
-        return gigpo_token_advantages(adv, step_adv, mask)  # (Eq. 11-13)
+                                            groups[traj].tolist(), [str(s) for s in rows["step"].tolist()],
+                                            BaselineArgs.gigpo_gamma)
+        return gigpo_token_advantages(adv, step_adv, mask, BaselineArgs.gigpo_omega)  # (Eq. 11-13)
     gaps = segment_gap(logp_teacher, logp_old, mask)  # (B,) g                                 (Eq. 2-3)
     shape = "sigmoid" if algo == "stepopsd" else "exp"
     return token_advantages(adv, gaps, mask, lam, eps_m, shape)[0]  # (B, 1)              (Eq. 4-5)

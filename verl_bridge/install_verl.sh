@@ -20,7 +20,8 @@ if ! "$VENV/bin/pip" install --progress-bar on "$TORCH"; then
   echo "install_verl.sh: $TORCH is not in pip's configured sources; trying $TORCH_INDEX"
   "$VENV/bin/pip" install --progress-bar on "$TORCH" --extra-index-url "$TORCH_INDEX"
 fi
-echo "install_verl.sh: 3/3 verl 0.9.1, its core extra ($CORE) and pytest"
+# tyro: flags/__init__.py's command line, whose defaults (--lam, --eps-m, --episode-stats) the bridge reads.
+echo "install_verl.sh: 3/3 verl 0.9.1, its core extra ($CORE), tyro and pytest"
 # shellcheck disable=SC2086  # CORE is a list of names
-"$VENV/bin/pip" install --progress-bar on verl==0.9.1 $CORE pytest
+"$VENV/bin/pip" install --progress-bar on verl==0.9.1 $CORE tyro==1.0.17 pytest
 echo "install_verl.sh: done"

@@ -51,6 +51,7 @@ from verl.utils.model import compute_position_id_with_mask
 
 from verl_bridge.verl_sharpo import label_ids, needs_teacher, runs_of_ones, sharpo_advantages  # isort: split
 from advantage import check_mixing  # the repository root is on the path now (verl_sharpo put it there)
+from flags import MethodArgs
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan
 
 
@@ -59,11 +60,11 @@ class SharpoSettings:
     """The `sharpo` section of a verl config."""
 
     layout: str = "per_step"  # "per_step" (verl-agent) or "per_trajectory" (verl's agent loop)
-    lam: float = 0.5  # mixing weight of the multiplier (METHOD.md Eq. 5); 0 = plain GRPO
-    eps_m: float = 0.2  # the multiplier's bound (Eq. 4)
+    lam: float = MethodArgs.lam  # mixing weight of the multiplier (METHOD.md Eq. 5); 0 = plain GRPO
+    eps_m: float = MethodArgs.eps_m  # the multiplier's bound (Eq. 4)
     shape: str = "exp"  # "exp" (SHARPO) or "sigmoid" (StepOPSD)
     granularity: str = "segment"  # "segment" (SHARPO) or "token" (RLSD)
-    episode_stats: str = "trajectory"  # per_step: group statistics over trajectories or "step"s
+    episode_stats: str = MethodArgs.episode_stats  # per_step: group statistics over trajectories or "step"s
     success_above: float = 0.0  # a trajectory whose best sample score exceeds this succeeded
     action_pattern: str = r"<action>(.*?)</action>"  # a response's action: its one match, stripped
     plan_key: str = "expert_plan"  # non_tensor_batch key of the env's plan, when the env gives one
@@ -209,7 +210,7 @@ class SharpoRayPPOTrainer(RayPPOTrainer):
         settings = SharpoSettings.from_config(self.config)
         logp_teacher, metrics = self._teacher_log_probs(batch, settings)  # (B, T), dict
         batch.batch["teacher_log_probs"] = logp_teacher
-        ahat = sharpo_advantages(batch, settings.layout, lam=settings.lam, eps_m=settings.eps_m,  # (B, T)
+        ahat = sharpo_advantages(batch, layout=settings.layout, lam=settings.lam, eps_m=settings.eps_m,  # (B, T)
                                  shape=settings.shape, granularity=settings.granularity,
                                  episode_stats=settings.episode_stats)
         batch.batch.pop("teacher_log_probs")  # the workers' update does not read it

@@ -76,7 +76,7 @@ def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments:
 
 
 def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     segment_ids: torch.Tensor, lam: float = 0.5, eps_m: float = 0.2, shape: str = "exp",
+                     segment_ids: torch.Tensor, lam: float, eps_m: float, shape: str = "exp",
                      granularity: str = "segment") -> torch.Tensor:
     """Ahat (B, T) for rows that may hold several segments (segment_ids (B, T), -1 off them): each
     segment's gap (METHOD.md Eq. 2-3), its multiplier and the mixing (Eq. 4-5) by advantage.py's
@@ -96,12 +96,14 @@ def label_ids(values) -> torch.Tensor:
     return torch.tensor([index.setdefault(v, len(index)) for v in np.asarray(values).tolist()])
 
 
-def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, eps_m: float = 0.2,
+def sharpo_advantages(data, *, lam: float, eps_m: float, episode_stats: str, layout: str = "per_step",
                       shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
-                      mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
+                      mask_key: str = "response_mask") -> torch.Tensor:
     """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, eps_m, shape and
-    granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD)."""
+    granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD),
+    episode_stats as train.py's --episode-stats (verl_bridge/sharpo_trainer.py takes the three from
+    its settings, whose defaults are train.py's)."""
     adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)  # (B,), (B, T)
     batch = data.batch
     return token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
@@ -109,7 +111,7 @@ def sharpo_advantages(data, layout: str = "per_step", lam: float = 0.5, eps_m: f
 
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",
-                  mask_key: str = "response_mask", episode_stats: str = "trajectory") -> torch.Tensor:
+                  mask_key: str = "response_mask", *, episode_stats: str) -> torch.Tensor:
     """(B,) bool: the samples whose A_i != 0, the only ones whose teacher log-probs can change Ahat
     (the rule train.py skips by: advantage.needed_rows)."""
     return advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)[0] != 0
@@ -129,7 +131,7 @@ def own_score_advantages(scores: torch.Tensor, groups: torch.Tensor, counted: to
 
 
 def advantages_and_segments(data, layout: str, reward_key: str, mask_key: str,
-                            episode_stats: str = "trajectory") -> tuple[torch.Tensor, torch.Tensor]:
+                            episode_stats: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A_i of each sample (B,) and the segment ids (B, T) of `layout` (module docstring)."""
     batch, extra = data.batch, data.non_tensor_batch
     mask = batch[mask_key]  # (B, T) 1 = a generated token

@@ -33,6 +33,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in th
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU (the default 4 is more than a test needs)
 
 import contextlib
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -42,7 +43,14 @@ import torch
 from errors import UserError
 from rollout import sampling_config, until_end_of_turn
 from segments import generation_prompt_ids
-from vllm_rollout import missing
+
+INSTALL = ("--rollout vllm needs vLLM, installed apart: bash vllm_rollout/install_vllm.sh, then run train.py "
+           "with .venv-vllm/bin/python")
+
+
+def missing() -> str | None:
+    """None when vLLM can be imported here, else the line that says how to install it."""
+    return None if importlib.util.find_spec("vllm") is not None else INSTALL
 
 
 def save_base(model, folder: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from envs import make_env, training_tasks  # noqa: E402
+from envs.make import make_env, training_tasks  # noqa: E402
 from infra.models import load_tokenizer  # noqa: E402
 from segments import generation_prompt_ids  # noqa: E402
 

@@ -228,7 +228,7 @@ def run(tmp_path_factory):
 
     steps = with_old_log_probs(trainer, steps)
     trainer.passes.clear()
-    A, _ = advantages_and_segments(steps, "per_step", "token_level_rewards", "response_mask")  # (B,)
+    A, _ = advantages_and_segments(steps, "per_step", "token_level_rewards", "response_mask", "trajectory")  # (B,)
     output = trainer._update_actor(steps)  # sets steps.batch["advantages"] to Ahat
     step_passes = list(trainer.passes)
     after, _ = trainer._compute_old_log_prob(steps)  # the updated policy on the same samples

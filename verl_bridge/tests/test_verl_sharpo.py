@@ -55,7 +55,7 @@ def test_per_step_layout_equals_advantage_py():
     teacher = student + 0.3 * torch.randn(B, T, generator=g)
     data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                    "teacher_log_probs": teacher}, {"uid": uid, "traj_uid": traj_uid})
-    got = sharpo_advantages(data, layout="per_step", lam=0.5, eps_m=0.2)
+    got = sharpo_advantages(data, layout="per_step", lam=0.5, eps_m=0.2, episode_stats="trajectory")
     order = ["a", "b", "c", "d", "e"]
     adv_traj = grpo_advantages(torch.tensor([episode[t] for t in order], dtype=torch.float64),
                                torch.tensor([0, 0, 0, 1, 1]))
@@ -78,10 +78,10 @@ def test_per_trajectory_layout_equals_advantage_py():
     data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                    "teacher_log_probs": teacher}, {"uid": ["g", "g", "g"]})
     for shape, granularity in (("exp", "segment"), ("sigmoid", "segment"), ("exp", "token")):
-        got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity)
+        got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity, lam=0.5, eps_m=0.2, episode_stats="trajectory")
         adv = grpo_advantages(torch.tensor([10.0, 0.0, -0.1], dtype=torch.float64), torch.tensor([0, 0, 0])).float()
         if granularity == "token":
-            want = rlsd_token_advantages(adv, teacher, student, mask.bool())[0]
+            want = rlsd_token_advantages(adv, teacher, student, mask.bool(), 0.5, 0.2)[0]
         else:  # segment by segment, with advantage.py's functions, in a plain loop
             seg, want = runs_of_ones(mask), torch.zeros(3, 8)
             for b in range(3):
@@ -90,7 +90,7 @@ def test_per_trajectory_layout_equals_advantage_py():
                     g = (teacher[b][here] - student[b][here]).mean()
                     want[b][here] = adv[b] * (0.5 + 0.5 * segment_multipliers(adv[b], g, 0.2, shape))
         assert torch.allclose(got, want, atol=1e-6)
-    got, seg = sharpo_advantages(data, layout="per_trajectory"), runs_of_ones(mask)[0]
+    got, seg = sharpo_advantages(data, layout="per_trajectory", lam=0.5, eps_m=0.2, episode_stats="trajectory"), runs_of_ones(mask)[0]
     first, second = got[0][seg == 0], got[0][seg == 1]
     assert (first == first[0]).all() and (second == second[0]).all()  # constant within a segment (segment form)
 
@@ -110,11 +110,11 @@ def test_per_step_scores_as_verl_agent_writes_them():
     first = torch.tensor([10.0, 0.0], dtype=torch.float64)  # each trajectory's first sample
     traj = (x - first.mean()) / (first.std() + 1e-6)
     for stats, want in (("step", step), ("trajectory", traj)):
-        got = sharpo_advantages(data, layout="per_step", lam=0.0, episode_stats=stats)[:, 0]  # lam 0: A itself
+        got = sharpo_advantages(data, layout="per_step", lam=0.0, eps_m=0.2, episode_stats=stats)[:, 0]  # lam 0: A
         assert torch.allclose(got, want.float(), atol=1e-5), stats
     assert not torch.allclose(step.float(), traj.float())  # the choice matters
     with pytest.raises(ValueError, match="episode_stats"):
-        sharpo_advantages(data, episode_stats="row")
+        sharpo_advantages(data, lam=0.5, eps_m=0.2, episode_stats="row")
     messages = hindsight_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "task"}], ["look", "go"])
     assert messages[:2] == [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     assert messages[2]["role"] == "user" and messages[2]["content"].endswith("1. look\n2. go")
@@ -136,13 +136,13 @@ def test_the_teacher_is_needed_only_where_the_advantage_is_not_zero():
     tensors = {"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                "teacher_log_probs": teacher}
     data = _proto(tensors, {"uid": uid, "traj_uid": traj_uid})
-    needed = needs_teacher(data)
+    needed = needs_teacher(data, episode_stats="trajectory")
     assert needed.tolist() == [False, False, False, False, True, True, True]
     skipped = _proto({**tensors, "teacher_log_probs": torch.where(needed[:, None], teacher, student)},
                      {"uid": uid, "traj_uid": traj_uid})
-    assert torch.equal(sharpo_advantages(skipped), sharpo_advantages(data))
+    assert torch.equal(sharpo_advantages(skipped, lam=0.5, eps_m=0.2, episode_stats="trajectory"), sharpo_advantages(data, lam=0.5, eps_m=0.2, episode_stats="trajectory"))
     per_traj = _proto({"response_mask": mask[:3], "token_level_rewards": rewards[:3]}, {"uid": ["g", "g", "h"]})
-    assert needs_teacher(per_traj, layout="per_trajectory").tolist() == [False, False, False]  # g ties, h is alone
+    assert needs_teacher(per_traj, layout="per_trajectory", episode_stats="trajectory").tolist() == [False, False, False]  # g ties, h is alone
 
 
 def test_grpo_agrees_with_verls_own_over_random_groupings():

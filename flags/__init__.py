@@ -1,28 +1,37 @@
-"""Flags: the method's flags with their defaults (the GPU setting), and what each --preset changes.
+"""Flags: every flag of train.py, its default (the GPU setting), what each --preset changes, and why.
 
-`--preset auto` (the default) is `cpu-demo` without a GPU, else `gpu`. A flag given on the command
-line wins over its preset's value; a run prints the changes in force, with their reasons, when it
-starts. A resumed run keeps the flags it started with (infra/config.py applies these and checks
-every value).
+Resolution (flags/parse.py): a flag given on the command line wins over its preset's value
+(`--preset auto`, the default, is `cpu-demo` without a GPU, else `gpu`), which wins over the
+dataclasses' defaults below. A run prints the preset's changes in force, with their reasons, when
+it starts. `--resume RUN` keeps the flags the run started with: only RESUME_MAY_CHANGE may change.
+Every value is checked before anything loads (flags/parse.py's `check`); config.json in the run
+folder records the resolved flags. This file is the flags' one home: a function elsewhere that
+needs one of these values takes it as an argument.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from baselines import BaselineArgs
-from infra.run_args import RunArgs
+import torch
+
+from baselines import ALGORITHMS
+from envs import ENVS
+from errors import UserError
+from infra.cli import choice_of
 
 
+# ------------------------------------------------------------------ the flags
 @dataclass
 class MethodArgs:
     """The method's flags (METHOD.md), their defaults the GPU setting."""
 
-    env: Literal["alfworld", "webshop"] = "alfworld"
-    """the environment the agent acts in"""
-    algo: Literal["sharpo", "grpo", "rlsd", "stepopsd", "sdar", "gigpo"] = "sharpo"
-    """credit assignment: SHARPO, GRPO, or a baseline (baselines.py)"""
+    env: choice_of(ENVS) = "alfworld"
+    """the environment the agent acts in (envs.ENVS)"""
+    algo: choice_of(ALGORITHMS) = "sharpo"
+    """credit assignment: SHARPO, GRPO, or a baseline (baselines.ALGORITHMS)"""
     iterations: int = 100
     """training iterations, one rollout batch each"""
     groups: int = 16
@@ -68,13 +77,65 @@ class MethodArgs:
 
 
 @dataclass
+class BaselineArgs:
+    """The baselines' own flags (baselines.py)."""
+
+    gigpo_gamma: float = 0.95
+    """--algo gigpo: the discount of the step return R_t (Eq. 11)"""
+    gigpo_omega: float = 1.0
+    """--algo gigpo: the step advantage's weight, A_i + omega * A_step (Eq. 13)"""
+    gigpo_norm: Literal["std", "mean"] = "std"
+    """--algo gigpo: both advantages (R - mean) / std, or R - mean (verl-agent's mean_norm)"""
+    sdar_coef: float = 0.01
+    """--algo sdar: the weight of the gated self-distillation term (Eq. 10)"""
+    sdar_beta: float = 5.0
+    """--algo sdar: the gate's sharpness, sigmoid(beta * delta) (Eq. 10)"""
+
+
+@dataclass
+class RunArgs:
+    """How a run of train.py is executed: model and precision, data, run folder, logs, evaluation.
+    They change where and how fast the method runs, not what it computes."""
+
+    preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "cpu-watch", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
+    model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
+    load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
+    lora_r: int = 64  # LoRA rank (verl-agent: 64)
+    lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
+    lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the backward pass stops at the first
+    init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
+    data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
+    split: str = "train"  # split the training tasks come from
+    max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
+    env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
+    env_timeout: float = 600.0  # seconds an env worker may take for one reset or step (a frozen one: 20 s without a heartbeat)
+    rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
+    rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
+    vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
+    micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
+    plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding
+    gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
+    eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
+    eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)
+    eval_games: int = 32  # games per evaluation
+    save_every: int = 1  # checkpoint every N iterations
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints (the newest ones)
+    samples_per_iter: int = 2  # sample trajectories written to samples.jsonl per iteration
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # live dashboard (an optional extra)
+    demo_data: bool = False  # with --preset gpu: train on the shipped demo games on purpose (else the real data is required)
+    output_dir: str | None = None  # the run folder; default runs/<env>-<algo>[-<cpu preset>][-shuffled]; with --resume: that run's
+    resume: str | None = None  # a run folder (or one of its checkpoints) to continue, in that run folder
+
+
+@dataclass
 class TrainArgs(MethodArgs, BaselineArgs, RunArgs):
-    """train.py's flags: the method's (above), the baselines' (baselines.py) and the run's (model,
-    data, run folder, logs: infra/run_args.py), each a section of --help."""
+    """train.py's flags: the method's, the baselines' and the run's (model, data, run folder,
+    logs), each a section of --help."""
 
 
-
-DATA = Path(__file__).resolve().parent / "data"
+# ------------------------------------------------------------------ the presets
+DATA = Path(__file__).resolve().parent.parent / "data"
 WARMSTART = DATA / "warmstart" / "smollm2-alfworld"
 WEBSHOP_WARMSTART = DATA / "warmstart" / "smollm2-webshop"  # cloned on the 51 train goals (tools/warmstart.py)
 LEARN_WARMSTART = DATA / "warmstart" / "smollm2-alfworld-learn"  # cloned on data/alfworld-learn-warmstart
@@ -90,7 +151,7 @@ SMOLLM2_ON_CPU = {  # the rows the CPU presets share: the embedded model, its wa
 }
 # What each preset changes from TrainArgs's and RunArgs's defaults (the GPU setting), and why:
 # flag -> (value, reason). The run prints these at start; docs/training.md's preset tables are
-# made from them (infra/config.py's preset_tables, checked by tests/test_docs.py).
+# made from them (preset_tables below, checked by tests/test_docs.py).
 PRESET_CHANGES = {
     "gpu": {},
     "course": {  # a 24 GB GPU (L4, A10, RTX 4090) at a pace a lab session can watch (docs/scaling.md)
@@ -170,3 +231,75 @@ CPU_DEMO_ENV_CHANGES = {  # each env's shipped warm start, for SmolLM2
         "max_new_tokens": (96, "a search answer repeats the goal's words (up to 85 tokens)"),
     },
 }
+
+PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
+CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
+ALFWORLD_ONLY = {"cpu-learn": "data/alfworld-learn", "cpu-watch": "data/alfworld's"}  # presets -> the games they need
+GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to start without it
+
+
+def preset_changes(preset: str, env: str) -> dict[str, tuple]:
+    """What the (resolved) preset changes for this env: flag -> (value, reason)."""
+    return {**PRESET_CHANGES[preset], **(CPU_DEMO_ENV_CHANGES.get(env, {}) if preset == "cpu-demo" else {})}
+
+
+def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
+    """(resolved preset name, the defaults it sets for this env)."""
+    if preset == "auto":
+        preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
+    if preset in ALFWORLD_ONLY and env != "alfworld":
+        raise UserError(f"--preset {preset} is ALFWorld's (its games are {ALFWORLD_ONLY[preset]}); drop it for --env {env}")
+    return preset, {k: v for k, (v, _) in preset_changes(preset, env).items()}
+
+
+def preset_lines(args: TrainArgs) -> list[str]:
+    """What the run's preset changed from the GPU setting and is still in force (a flag given on the
+    command line wins), each with its reason; flags that share a reason share a line."""
+    kept = [(flag, value, why) for flag, (value, why) in preset_changes(args.preset, args.env).items()
+            if getattr(args, flag) == value]
+    if not kept:
+        return []
+    lines, flags = [f"the {args.preset} preset changes, from the GPU setting:"], []
+    for i, (flag, value, why) in enumerate(kept):
+        flags.append(f"--{flag.replace('_', '-')} {shown(value)}")
+        if i + 1 == len(kept) or kept[i + 1][2] != why:
+            lines.append(f"  {' '.join(flags)}: {why}")
+            flags = []
+    return lines
+
+
+def shown(value) -> str:
+    """A flag's value as a reader would type it: paths relative to the repository."""
+    text = str(value)
+    return text.replace(str(DATA.parent) + os.sep, "") if isinstance(value, str) else text
+
+
+def preset_tables() -> str:
+    """docs/training.md's preset tables: what each preset changes, to what, and why."""
+    out = []
+    for name, changes in PRESET_CHANGES.items():
+        if not changes:
+            continue
+        out += [f"`--preset {name}`:", "", "| flag | value | why |", "|---|---|---|"]
+        out += [f"| `--{k.replace('_', '-')}` | {shown(v)} | {why} |" for k, (v, why) in changes.items()]
+        out.append("")
+        if name == "cpu-demo":
+            for env, extra in CPU_DEMO_ENV_CHANGES.items():
+                out += [f"`--preset cpu-demo` adds, with `--env {env}`:", "", "| flag | value | why |",
+                        "|---|---|---|"]
+                out += [f"| `--{k.replace('_', '-')}` | {shown(v)} | {why} |" for k, (v, why) in extra.items()]
+                out.append("")
+    return "\n".join(out)
+
+
+# A resumed run keeps its flags, but for these: they do not change what is learned, only how long, how
+# often it is evaluated or logged, and how memory is traded for time. Not --preset: presets make new runs.
+RESUME_MAY_CHANGE = ("env_timeout", "iterations", "eval_every", "eval_split", "eval_games", "save_every",
+                     "keep_checkpoints", "samples_per_iter", "rollout_batch", "micro_batch_rows", "plain",
+                     "gradient_checkpointing", "env_workers", "resume", "output_dir", "report_to")
+SESSION_ONLY = ("plain",)  # a resume that does not give these takes their default, not the last session's
+# Flags added after some runs were saved: a config.json without one takes its default, said in one line.
+# A config.json without any other flag is not a complete train.py config and is refused.
+LATER_FLAGS = ("episode_stats", "lora_layers", "rollout_batch", "demo_data", "env_timeout")
+MAX_EPISODES, MAX_STEPS, MAX_NEW_TOKENS = 4096, 1000, 16384  # sizes refused: no run of them finishes soon
+MAX_OPTIMIZER_STEPS = 4096  # --minibatches x --ppo-epochs an iteration (verl-agent's: 2 x 1)
