@@ -1,10 +1,11 @@
 """Baselines: RLSD, StepOPSD, SDAR and GiGPO, each plugged into train.py through the algorithm table;
 and the placebo control every claim stands beside (--shuffle-rewards: the rewards dealt out by chance).
 
-A reader of the method may skip this file: each baseline is a subclass of advantage.SHARPO that
-changes one of its answers (the advantage of stage 3, the credit of stage 5, a loss term of stage 6),
-so the loop holds no branch per algorithm. All use the same rows and the same update; those with a
-teacher share its pass and the `lam` mixing (METHOD.md, "Baselines").
+A reader of the method may skip this file: each baseline subclasses advantage.SHARPO (or its GRPO)
+and changes some of its answers (the advantage of stage 3, the credit of stage 5, a loss term of
+stage 6), so the loop holds no branch per algorithm. All use the same rows and the same update;
+those with a teacher share its pass, those that scale the advantage the `lam` mixing (METHOD.md,
+"Baselines").
 
   rlsd (arXiv 2604.03128): the multiplier per token instead of per segment
     (Eq. 8)   m_i,t = clip(exp(sign(A_i) * delta_t), 1 - eps_m, 1 + eps_m)

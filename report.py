@@ -6,7 +6,8 @@ spread; what the teacher found and the algorithm applied (from its Advantages an
 sample trajectories with each segment's gap and multiplier. The run's logs, evaluations and
 checkpoints, when the loop calls for them (RunLog); the progress line, and the closing table of
 where the last iteration's credit went. A reader of the method may skip this file: it computes
-nothing the update uses, and decides nothing.
+nothing the update uses and decides no step; its one check, `check_finite_policy`, stops a run whose
+optimizer step left the policy unsampleable.
 
 `gather` arguments combine the values of every process in a multi-process run (the identity in a
 plain run), so the numbers are over all of the iteration's episodes.
@@ -137,7 +138,8 @@ def rollout_metrics(trajs: list[Trajectory], group_ids: list[int]) -> dict:
 
 def sample_records(stages: Stages, algo, tokenizer, k: int, it: int) -> list[dict]:
     """A few trajectories (those whose advantage is not 0 first, then those with hindsight) with each
-    segment's gap and multiplier (null where the teacher did not score the row: its Ahat is 0)."""
+    segment's gap and multiplier: null on a row with hindsight the teacher did not score (its Ahat
+    is 0); a row without hindsight shows the gap 0 and the multiplier 1 its credit took."""
     trajs, rows, adv, logp, credit = stages.trajs, stages.rows, stages.adv, stages.logp, stages.credit
     delta = logp.teacher - logp.student  # (B, T) per-token teacher - student gap
     moves = credit.token_adv.ne(0).any(1)  # (B,) rows whose Ahat is not 0
@@ -199,7 +201,7 @@ class UpdateLog:
         self.keys = (["pg_loss", "clip_frac", "approx_kl_old", "loss"] + ["kl_ref"] * (args.kl_coef > 0)
                      + list(algo.loss_names(args)))
         self.sums: dict[str, float] = defaultdict(float)
-        self.stats, self.all_finite = [], True  # this minibatch's micro-batches
+        self.stats = []  # this minibatch's micro-batches
 
     def progress(self, minibatches):
         total = self.args.ppo_epochs * self.args.minibatches
@@ -211,15 +213,10 @@ class UpdateLog:
                          self.args.ppo_clip)
         self.stats.append({**{k: v.detach() for k, v in terms.items()}, **ppo, "loss": loss.detach()})
 
-    def finite(self, loss) -> bool:
-        """Whether every micro-batch loss of this minibatch so far is finite (one that is not: no step)."""
-        self.all_finite = self.all_finite and bool(torch.isfinite(loss))
-        return self.all_finite
-
     def step(self, grad_norm: float | None) -> None:
         """The minibatch's optimizer step: its statistics, summed over processes, with grad_norm (the
         gradient's norm before the clip); None: a non-finite loss or gradient skipped it."""
-        stats, self.stats, self.all_finite = self.stats, [], True
+        stats, self.stats = self.stats, []
         if grad_norm is None:
             self.skipped += 1
             print(f"warning: iteration {self.iteration}: non-finite loss or gradient, step skipped", file=sys.stderr)
@@ -322,8 +319,8 @@ def last_samples(run_dir) -> list[dict]:
 
 
 def segments_table(records: list[dict]) -> str:
-    """Sample trajectories as text: each step's action, reward, segment gap g and multiplier m (- where the teacher
-    was not asked: A = 0), so the end of a run shows where the credit went (tools/plots.py draws the same)."""
+    """Sample trajectories as text: each step's action, reward, segment gap g and multiplier m (- where a row with
+    hindsight was not scored: A = 0), so the end of a run shows where the credit went (tools/plots.py draws the same)."""
     lines = []
     for r in records:
         lines.append(f"{r['task_id'].split('/')[1] if '/' in r['task_id'] else r['task_id']}: won {r['won']}, "

@@ -177,6 +177,7 @@ class Trainer:
             if counts["tokens"] == 0:
                 continue
             trained = [i for i in idx if adv.trained[i]]  # the rows the update reads (section 4)
+            finite = True  # every loss of the minibatch so far; a non-finite one: no step
             for part in length_batches(trained, rows.rows, args.micro_batch_rows):
                 batch = [rows.rows[i] for i in part]
                 logp_ref = self.reference(batch, watch)  # (b, t) the KL's, or None
@@ -187,11 +188,12 @@ class Trainer:
                 logp_old = rows_of(logp.student, part, logp_new) if moved else logp_new.detach()
                 loss = self.loss(logp_new, logp_old, logp_ref, part, rows, logp, credit, counts,
                                  log)
-                if not log.finite(loss):  # [run] a non-finite loss: this minibatch takes no step
+                finite = bool(torch.isfinite(loss))
+                if not finite:
                     break
                 loss.backward()
             # the minibatch's optimizer step: taken by every process, or by none
-            step = self.dist.all(log.all_finite)  # [distributed] a non-finite loss anywhere: none
+            step = self.dist.all(finite)  # [distributed] a non-finite loss anywhere: none
             if step:
                 self.dist.sum_grads(self.params)  # [distributed] summed over processes
                 norm = torch.nn.utils.clip_grad_norm_(self.params, args.grad_clip)
@@ -234,8 +236,8 @@ class Trainer:
 
     def token_counts(self, rows: Rows, adv: Advantages, idx: list[int]) -> dict[str, int]:
         """A minibatch's token counts over every process: "tokens", its response tokens (the token-
-        mean's denominator: rows whose Ahat is 0 count too, section 5); "trained", those the update
-        reads; "hindsight", those of trained rows with hindsight (SDAR's)."""
+        mean's denominator, section 5); "trained", those the update reads; "hindsight", those of
+        trained rows with hindsight (SDAR's)."""
         response = rows.response_mask[idx]  # (m, T)
         trained = response & adv.trained[idx, None]  # (m, T)
         hindsight = trained & rows.has_hindsight[idx, None]  # (m, T)

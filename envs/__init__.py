@@ -13,8 +13,8 @@ breaks it, or names an action the env does not admit, is an invalid action: not 
 unchanged, 0.1 subtracted from the reward.
 
 Interface (duck-typed; see envs/alfworld.py):
-    Env.name, Env.splits, Env.default_eval_split, Env.default_max_steps, Env.data_variable
-                                 class attributes: what the flags check before an env is built
+    Env.name, .splits, .default_eval_split, .default_max_steps   class attributes, read before
+                                                                 an env is built (flags/parse.py)
     env.max_steps
     env.tasks(split) -> list[str]                    task ids of a split, sorted
     env.task_type(task_id) -> str

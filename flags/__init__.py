@@ -51,11 +51,13 @@ class MethodArgs:
     episode_stats: Literal["trajectory", "step"] = "trajectory"
     """GRPO's group mean and std over trajectories, or over step rows (verl-agent)"""
     lam: float = 0.5
-    """the multiplier's weight: Ahat = A * ((1 - lam) + lam * m) (Eq. 5); 0 = GRPO, no teacher"""
+    """the multiplier's weight: Ahat = A * ((1 - lam) + lam * m) (Eq. 5); 0 = GRPO, no teacher (sdar
+    scales no advantage: it ignores lam)"""
     eps_m: float = 0.2
     """the multiplier's bound: m in [1 - eps_m, 1 + eps_m] (Eq. 4)"""
     gap_tokens: Literal["all", "action"] = "all"
-    """the tokens the segment gap averages: all of the response, or those inside <action>"""
+    """the tokens the segment gap averages: all of the response, or those of its last
+    <action>...</action> block, tags included"""
     ppo_clip: float = 0.2
     """PPO's ratio clip (Eq. 6)"""
     kl_coef: float = 0.01

@@ -760,8 +760,9 @@ def check_optimizer_state(path: Path, state: dict, optimizer) -> None:
             raise UserError(f"{path}: the step of parameter {index} should be a number, found {type(step).__name__}")
 
 
-# The random streams of a run, each seeded per iteration (and per process) with
-# seed * a + iteration + b * rank, so that a resumed run draws what an uninterrupted one would.
+# The random streams of a run, each seeded with seed * a + iteration + b * rank, so that a resumed run
+# draws what an uninterrupted one would: the placebo and the minibatches each iteration; sampling once a
+# process starts, on rank > 0 (rank 0 draws from the restored global generator).
 STREAMS = {"sampling": (1, 100_003), "placebo": (1_000_003, 0), "minibatches": (100_003, 7919)}
 
 
