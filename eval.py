@@ -47,8 +47,8 @@ from envs import ENVS
 from envs.answer import history_length
 from envs.make import make_env, resolve_workers
 from flags import MethodArgs
-from infra.checkpoint import (check_path_lengths, file_system_problem, find_checkpoint,
-                              load_checkpoint_policy, read_config, run_dir_of, write_atomic)
+from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
+                              load_checkpoint_policy, read_config, read_json, run_dir_of, write_atomic)
 from infra.cli import OutputLost, Stopped, UserError, check_domains, choice_of, parse_dataclass, run
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
@@ -290,16 +290,17 @@ def check_args(args: EvalArgs) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(EvalArgs, argv, description=__doc__)
     check_args(args)
-    ckpt = None
-    if args.checkpoint:
+    ckpt, data_of_run = None, False
+    if args.checkpoint is not None:
         ckpt = find_checkpoint(args.checkpoint)
         trained = read_config(ckpt)  # before any env or model loads: no config.json stops here
         if args.env is not None and args.env != trained["env"]:
             raise UserError(f"{ckpt} was trained on {trained['env']}: drop --env (it defaults to "
                             f"the checkpoint's) or pass --env {trained['env']}")
         args.env = trained["env"]
-        if args.data_dir is None and isinstance(trained.get("data_dir"), str):
-            args.data_dir = trained["data_dir"]  # the data it trained on, held-out splits and all
+        data_of_run = args.data_dir is None  # the data it trained on, held-out splits and all
+        if data_of_run and isinstance(trained.get("data_dir"), str):
+            args.data_dir = trained["data_dir"]
         played = {k: trained.get(k) for k in PLAYED_AS_TRAINED if getattr(args, k) is None}
         for k, v in played.items():  # where no flag is given: the setting the run trained with
             setattr(args, k, v)
@@ -319,23 +320,23 @@ def main(argv: list[str] | None = None) -> dict:
         task_ids = [g for g in games for _ in range(args.samples_per_game)]
     except (FileNotFoundError, ValueError) as err:
         raise UserError(str(err)) from None
-    out = Path(args.out) if args.out else default_out_path(args.env, args.policy, split, ckpt)
-    if IN_LOOP_RECORD.fullmatch(out.name) and out.exists():
-        raise UserError(f"{out} is a run's own evaluation (train.py --eval-every wrote it): "
-                        "eval.py never replaces it; pass another --out, or none")
-    check_writable(out)  # before any game is played: a path that cannot take the JSON costs nothing
-    if args.policy == "expert":
-        policy = ExpertPolicy()
-    elif args.policy == "random":
-        policy = RandomPolicy(args.seed)
+    if data_of_run:
+        check_trained_data(ckpt, env, args.data_dir)
+    if args.out is not None and IN_LOOP_RECORD.fullmatch(Path(args.out).name):
+        raise UserError(f"--out {args.out}: eval_<env>_<split>_iter-N.json is the name of a run's own "
+                        "evaluation (train.py --eval-every), which says what it measured by that name: "
+                        "pass another --out, or none (a checkpoint's run folder gets evalpy_...)")
+    out = Path(args.out) if args.out is not None else None
+    if out is not None:
+        check_writable(out)  # before any game is played: a path that cannot take the JSON costs nothing
     else:
-        policy = load_model_policy(args, ckpt)
-    t0 = time.perf_counter()
-    metrics, trajs = evaluate(env, policy, task_ids, history_len, args.batch_size)
-    metrics["wall_seconds"] = time.perf_counter() - t0
-    metrics["games"] = game_outcomes(trajs)
-    metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
-    env.close()
+        out = claim_out_path(args.env, args.policy, split, ckpt)  # claimed: no other eval.py takes it
+    try:
+        metrics = play(args, env, task_ids, history_len, ckpt, split)
+    except BaseException:
+        if args.out is None and out.is_file() and out.stat().st_size == 0:
+            out.unlink(missing_ok=True)  # the name claimed for a result that never came
+        raise
     try:  # the JSON first: an output stream that closes or fills below loses no result
         write_atomic(out, json.dumps(metrics, indent=1))
     except OSError as err:
@@ -349,6 +350,45 @@ def main(argv: list[str] | None = None) -> dict:
     except OutputLost as err:
         raise Stopped(f"every game was played and the results are in {out}", err) from None
     return metrics
+
+
+def play(args: EvalArgs, env, task_ids: list[str], history_len: int | None, ckpt: Path | None,
+         split: str) -> dict:
+    """Every game played by --policy: the metrics, each game's outcome, the settings."""
+    if args.policy == "expert":
+        policy = ExpertPolicy()
+    elif args.policy == "random":
+        policy = RandomPolicy(args.seed)
+    else:
+        policy = load_model_policy(args, ckpt)
+    t0 = time.perf_counter()
+    metrics, trajs = evaluate(env, policy, task_ids, history_len, args.batch_size)
+    metrics["wall_seconds"] = time.perf_counter() - t0
+    metrics["games"] = game_outcomes(trajs)
+    metrics["config"] = {**asdict(args), "split": split, "checkpoint": str(ckpt) if ckpt else None}
+    env.close()
+    return metrics
+
+
+def check_trained_data(ckpt: Path, env, data_dir: str | None) -> None:
+    """The env plays the tasks `ckpt`'s run trained on, as the digest its state.json recorded says: a
+    --data-dir that an older run recorded relative to the folder it was started in (runs before
+    a5b416d) names another folder from here, and data edited since holds other games. Either is one
+    line, before any game; a --data-dir given on the command line evaluates other data on purpose."""
+    recorded = read_json(ckpt / STATE, "the checkpoint's iteration").get("data")
+    now = getattr(env, "data_digest", lambda: None)()
+    if isinstance(recorded, str) and now == recorded:
+        return
+    if data_dir is not None and not Path(data_dir).is_absolute():
+        raise UserError(f"{ckpt / 'config.json'} records --data-dir {data_dir!r}, relative to the folder its run "
+                        f"was started in (runs before data folders were recorded absolute), and from here it is "
+                        f"{Path(data_dir).resolve()}, which "
+                        + ("holds other tasks" if isinstance(recorded, str) else "nothing can check") +
+                        ": pass --data-dir with the folder the run trained on")
+    if isinstance(recorded, str) and now is not None:
+        raise UserError(f"the data at {data_dir or 'the default data folder'} holds other tasks than {ckpt} trained "
+                        f"on (their digest {now}, the run's {recorded}): restore it, or pass --data-dir to "
+                        "evaluate on other data on purpose")
 
 
 def check_writable(out: Path) -> None:
@@ -372,18 +412,29 @@ def check_writable(out: Path) -> None:
 IN_LOOP_RECORD = re.compile(r"eval_.+_iter-(\d{6,})\.json")  # train.py's own (--eval-every)
 
 
-def default_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
+def claim_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) -> Path:
     """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, evalpy_<env>_<split>_<iter-N>.json
     in its run folder, or -2, -3, ... after the name where one is there: an evaluation of eval.py
-    never replaces another, nor the run's own (eval_<env>_<split>_iter-N.json, train.py's)."""
+    never replaces another, nor the run's own (eval_<env>_<split>_iter-N.json, train.py's). A
+    checkpoint's name is claimed now, before any game (created empty, exclusively), so that two
+    eval.py at once never pick the same one; the result replaces the empty file."""
     if ckpt is None:
-        return Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
+        path = Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
+        check_writable(path)
+        return path
     folder, stem = run_dir_of(ckpt), f"evalpy_{env}_{split}_{ckpt.name}"
-    path, k = folder / f"{stem}.json", 1
-    while path.exists():
-        k += 1
-        path = folder / f"{stem}-{k}.json"
-    return path
+    check_writable(folder / f"{stem}.json")
+    for k in range(1, 10_000):
+        path = folder / (f"{stem}.json" if k == 1 else f"{stem}-{k}.json")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return path
+        except FileExistsError:
+            continue
+        except OSError as err:
+            why = file_system_problem(err, folder) or err.strerror or err
+            raise UserError(f"cannot write {path} ({why}): pass another --out") from None
+    raise UserError(f"{folder} holds 9,999 evaluations of {ckpt.name} already: pass --out")
 
 
 def load_model_policy(args: EvalArgs, ckpt: Path | None):

@@ -1,2 +1,3 @@
-"""Run infrastructure beside the training loop: the command line, configuration, run folders
-and checkpoints, metrics, and the multi-process helper. A reader of the method can skip it."""
+"""The run's services: loading models, run folders and checkpoints, the command line's mechanics,
+resuming, metrics a run keeps of itself, trackers and several processes. They import nothing of the
+method (tests/test_layers.py holds that) and take plain values; a reader of the method can skip them."""

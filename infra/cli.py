@@ -23,12 +23,18 @@ from pathlib import Path
 
 import tyro
 import tyro._errors
+from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec
 
 from errors import (DataError, OutputLost, Stopped, Terminated, UserError, catch_sigterm,  # noqa: F401
                     ignore_stops, stop_line)  # (DataError: re-exported)
 
 LOST_OUTPUT = {errno.EPIPE: ("closed (its reader left: a broken pipe)", 141),
                errno.ENOSPC: ("full (no space left on its device)", 74)}
+# What a symbol becomes on a stream that cannot write it (LC_ALL=C, PYTHONIOENCODING=ascii); any other
+# character it cannot write becomes "?".
+ASCII_FALLBACK = str.maketrans({"\u00b1": "+-", "\u00d7": "x", "\u2014": "-", "\u2013": "-", "\u2026": "...",
+                                "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2264": "<=",
+                                "\u2265": ">=", "\u2192": "->", "\u00b2": "2"})
 
 
 class GuardedStream:
@@ -40,7 +46,12 @@ class GuardedStream:
         self._stream, self._name, self.lost = stream, name, False
 
     def write(self, text):
-        return self._guard(self._stream.write, text)
+        try:
+            return self._guard(self._stream.write, text)
+        except UnicodeEncodeError:  # the stream's encoding cannot hold a character: its nearest ASCII
+            encoding = getattr(self._stream, "encoding", None) or "ascii"
+            plain = text.translate(ASCII_FALLBACK).encode(encoding, "replace").decode(encoding)
+            return self._guard(self._stream.write, plain)
 
     def flush(self):
         return self._guard(self._stream.flush)
@@ -160,7 +171,7 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
         default = target(*[default_of(k) for k in groups])
     with tyro._errors.on_parse_error(_refuse):
         parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
-                          add_help=add_help, return_unknown_args=unknown)
+                          add_help=add_help, return_unknown_args=unknown, registry=NONE_IN_ANY_CASE)
     parsed, rest = parsed if unknown else (parsed, [])
     values = (dataclasses.asdict(parsed) if len(groups) == 1 else
               {k: v for part in dataclasses.fields(parsed) for k, v in dataclasses.asdict(getattr(parsed, part.name)).items()})
@@ -168,7 +179,25 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
     for name, value in values.items():  # `none` for None, in any case, as the docs write it
         if isinstance(value, str) and value.lower() == "none" and type(None) in typing.get_args(hints[name]):
             values[name] = None
+    takes_empty = {f.name for f in dataclasses.fields(cls) if f.default == ""}  # "" is their default: a value
+    empty = [f"--{name.replace('_', '-')}" for name, value in values.items() if value == "" and name not in takes_empty]
+    if empty:  # an empty value (an unset $RUN) is never the flag left out: no default stands in
+        raise UserError(f"{', '.join(empty)} '' is empty: give {'it' if len(empty) == 1 else 'each'} a value, or "
+                        "leave the flag out for its default")
     return values, rest
+
+
+def _none_rule(type_info):
+    """tyro's rule for the None of an `X | None` flag, taking `none` as well as `None` (as the docs say)."""
+    if type_info.type is not type(None):
+        return None
+    return PrimitiveConstructorSpec(nargs=1, metavar="{None}", choices=("None", "none", "NONE"),
+                                    instance_from_str=lambda args: None, is_instance=lambda x: x is None,
+                                    str_from_instance=lambda instance: ["None"])
+
+
+NONE_IN_ANY_CASE = ConstructorRegistry()
+NONE_IN_ANY_CASE.primitive_rule(_none_rule)
 
 
 def _refuse(event) -> None:

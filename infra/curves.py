@@ -1,5 +1,5 @@
 """The run's learning curves as one picture, curves.png: what train.py draws when a run completes
-(infra/metrics.py's closing summary) and tools/plots.py draws with its other pictures."""
+(report.py's closing summary) and tools/plots.py draws with its other pictures."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,19 @@ from errors import UserError
 
 
 def num(value) -> float:
-    """A logged number as a float: null (how the logs write a non-finite number) or junk becomes nan."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+    """A logged number as a float: null (how the logs write a non-finite number), junk or an integer
+    beyond float's range (10**400 in an edited log) becomes nan."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return float("nan")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("nan")
+
+
+def is_iteration(value) -> bool:
+    """An iteration number a picture can place: a non-negative integer below 2**53 (a float holds it exactly)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -43,7 +54,7 @@ def curves_png(metrics: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    metrics = [m for m in metrics if isinstance(m.get("iteration"), int)]
+    metrics = [m for m in metrics if is_iteration(m.get("iteration"))]
     its = [m["iteration"] for m in metrics]
     panels = [("success", "success (rollouts)"), ("mean_reward", "mean reward R"), ("invalid_rate", "invalid-action rate"),
               ("mult_std", "multiplier std over segments")]
@@ -75,7 +86,8 @@ def draw_curves(out: Path) -> Path | None:
     drawn: a picture not drawn costs the run nothing."""
     try:  # a line edited or cut short is named on stderr: the picture shows the others
         curves_png(read_jsonl(out / "metrics.jsonl"), out / "curves.png")
-    except (OSError, UserError) as err:
-        print(f"warning: the curves were not drawn ({err}); python -m tools.plots {out} draws them", file=sys.stderr)
+    except Exception as err:  # a full disk, a broken matplotlib (ImportError, RuntimeError): the run stays complete
+        print(f"warning: the curves were not drawn ({type(err).__name__}: {err}); python -m tools.plots {out} "
+              "draws them", file=sys.stderr)
         return None
     return out / "curves.png"

@@ -25,6 +25,7 @@ The test model ("tiny") is float32: nothing about its speed says anything, and t
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -251,21 +252,28 @@ def valid_record(record) -> bool:
     return record["high"] < 1 - MARGIN if record["dtype"] == "bf16" else record["low"] > 1 - 2 * MARGIN
 
 
-def write_cache(path: Path, records: dict) -> str | None:
-    """Write the records (atomically: a temporary file renamed over the old one); None when kept, else
-    why not. A path that exists and is not a regular file is not written over."""
+def write_cache(path: Path, key: str, record: dict) -> str | None:
+    """Keep `record` under `key` beside the file's other records; None when kept, else why not. Under
+    an exclusive lock (a sibling .lock file), the file is read afresh and rewritten atomically (a
+    temporary file renamed over it), so two runs measuring at once keep both their records. A path
+    that exists and is not a regular file is not written over."""
     try:
         if path.exists() and not path.is_file():
             return f"{path} is not a regular file"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(records, f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            records, unusable = read_cache(path)  # what the others kept since this run read it
+            if unusable:
+                return unusable
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({**records, key: record}, f, indent=1)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
     except OSError as e:
         return f"{path}: {e.strerror or e}"
     return None
@@ -295,7 +303,7 @@ def measured_cpu_dtype(model: str, once=None, cap_s: float = CAP_S) -> dict:
     if not verdict.settled:
         not_kept = "too noisy to decide"
     else:  # a file that is not a regular file is left alone
-        not_kept = unusable or write_cache(path, {**cached, key: record})  # others' records as they were
+        not_kept = unusable or write_cache(path, key, record)  # others' records as they are now
     return {**record, "cached": False, "settled": verdict.settled, "not_kept": not_kept}
 
 

@@ -16,7 +16,7 @@ reward depends on the sampled text, so the weights move and "the same weights" m
 through `infra.cli.run` as train.py's own main does. The full disk is a small tmpfs (needs root;
 those cases are skipped with a line otherwise).
 
-Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4,round5,round6]
+Run: python tests/hostile_sweep.py [--out /tmp/sweep] [--only signals,disk,writers,flags,folders,data,round4,round5,round6,round7]
 """
 from __future__ import annotations
 
@@ -1098,10 +1098,107 @@ def round_six(work: Path, marker: Path, record) -> None:
          lambda: "ok" if proc.stdout.strip().splitlines()[-1] == "False" else "PLAIN STAYED ON")
 
 
-SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4", "round5", "round6")
+SECTIONS = ("signals", "disk", "writers", "flags", "folders", "data", "round4", "round5", "round6", "round7")
 OK = ("one-line error", "ok", "unchanged task", "identical resume", "finished first", "one-line stop", "ok (it fitted)",
       "one refused, run intact", "one refused (the other had finished), run intact", "refused, run intact",
       "ok (not run)")
+
+
+def round_seven(work: Path, marker: Path, record) -> None:
+    """Round seven (issue 73), a class of cases for each root: provenance from the parser (every spelling,
+    --help anywhere), empty is not absent, a name claimed before the work, a shared file under a lock, a
+    record used only for what it measured, old run folders' relative data, the stream's own encoding, the
+    verl bridge's settings before Ray (with .venv-verl only)."""
+    def case(root, name, command, proc, check=None):
+        outcome = verdict(proc, marker)
+        if outcome == "ok" and check is not None:
+            outcome = check()
+        record(f"r7 {root}", name, command, outcome, last_line(proc.stderr)[:90])
+
+    tiny = [*TINY_WEBSHOP, "--hindsight", "expert", "--seed", "3"]
+    r = work / "r7-run"
+    shutil.rmtree(r, ignore_errors=True)
+    assert run(["train.py", *tiny, "--output-dir", str(r)]).returncode == 0
+    logged = (r / "metrics.jsonl").read_text()
+    # provenance from the parser
+    for argv in (["--resume", str(r), "--iterations", "3", "--help"], ["--help", "--resume", str(r), "--iterations", "4"]):
+        proc = run(["train.py", *argv])
+        case("provenance", " ".join(a for a in argv if a.startswith("-")), "train", proc,
+             lambda: "ok" if (r / "metrics.jsonl").read_text() == logged and "usage" in proc.stdout else "TRAINED")
+    for spelling in (["--max_steps", "5"], ["--max_steps=5"], ["--lora_r", "8"], ["--shuffle_rewards"]):
+        proc = run(["train.py", "--resume", str(r), "--iterations", "2", *spelling])
+        case("provenance", f"resume {spelling[0]}", "train", proc, lambda: "RAN A CHANGED EXPERIMENT")
+    branch = work / "r7-branch"
+    shutil.rmtree(branch, ignore_errors=True)
+    proc = run(["train.py", "--resume", str(r), "--iterations", "2", "--output_dir", str(branch)])
+    case("provenance", "resume --output_dir NEW", "train", proc,
+         lambda: "ok" if (branch / "checkpoints" / "iter-000002").is_dir() and (r / "metrics.jsonl").read_text() == logged
+         else "TRAINED IN PLACE")
+    # empty is not absent
+    for argv in (["train.py", "--resume", ""], ["train.py", *tiny, "--model", "", "--output-dir", str(work / "r7-e")],
+                 ["eval.py", "--policy", "model", "--checkpoint", ""], ["-m", "tools.credit", "--checkpoint", ""]):
+        case("empty", f"{argv[0]} {argv[-2] if argv[-1] == '' else '--model'} ''", "cli", run(argv))
+    # a name claimed before the work: two evaluations of one checkpoint at once
+    procs = [subprocess.Popen([PY, "eval.py", "--policy", "model", "--checkpoint", str(r), "--num-games", "2",
+                               "--max-steps", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=ENV) for _ in range(2)]
+    outs = [proc.communicate(timeout=600) for proc in procs]
+    kept = sorted(p.name for p in r.glob("evalpy_*.json") if p.stat().st_size > 0)
+    record("r7 claimed", "two eval.py at once", "eval", "ok" if len(kept) == 2 and all(p.returncode == 0 for p in procs)
+           else f"{len(kept)} RESULTS KEPT", outs[1][1].strip()[-90:])
+    # a shared file under a lock: two precision measurements into one fresh cache
+    cache = work / "r7-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    code = ("import sys; sys.path.insert(0, '.'); import time; from infra import precision; "
+            "precision.measured_cpu_dtype(sys.argv[1], once=lambda bf16: time.sleep(0.05) or (0.01 if bf16 else 0.03), "
+            "cap_s=1.0)")
+    procs = [subprocess.Popen([PY, "-c", code, model], cwd=ROOT, env={**ENV, "SHARPO_CACHE": str(cache)})
+             for model in ("tiny", "smollm2")]
+    for proc in procs:
+        proc.wait(timeout=300)
+    records = json.loads((cache / "dtype.json").read_text()) if (cache / "dtype.json").is_file() else {}
+    record("r7 locked", "two measurements at once", "precision", "ok" if len(records) == 2 else f"{len(records)} KEPT")
+    # a record used only for what it measured
+    proc = run(["eval.py", "--policy", "model", "--checkpoint", str(r), "--out", str(r / "eval_webshop_test_iter-000004.json")])
+    case("records", "eval --out named as a later in-loop record", "eval", proc)
+    # old run folders: a relative --data-dir from another working folder
+    a, b = work / "r7-a", work / "r7-b"
+    for folder in (a, b):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+    shutil.copytree(r, a / "run")
+    shutil.copytree(ROOT / "data" / "webshop", a / "shop")
+    one_goal_shop(b / "shop")
+    for config in (a / "run" / "config.json", *sorted((a / "run" / "checkpoints").glob("iter-*/config.json"))):
+        json_edit(config, lambda c: {**c, "data_dir": "shop"})
+    for name, tool in (("eval.py", [str(ROOT / "eval.py"), "--policy", "model", "--num-games", "1"]),
+                       ("tools.credit", ["-m", "tools.credit", "--games", "1"])):
+        proc = subprocess.run([PY, *tool, "--checkpoint", str(a / "run"), "--out", str(b / "out")], cwd=b,
+                              capture_output=True, text=True, timeout=600, env={**ENV, "PYTHONPATH": str(ROOT)})
+        case("old folders", f"{name} relative data from elsewhere", "eval", proc)
+    # the stream's own encoding
+    for variables in ({"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONUTF8": "0"}):
+        folder = work / f"r7-ascii-{len(variables)}"
+        shutil.rmtree(folder, ignore_errors=True)
+        proc = subprocess.run([PY, "train.py", *tiny, "--output-dir", str(folder)], cwd=ROOT, capture_output=True,
+                              text=True, errors="replace", timeout=600, env={**ENV, **variables})
+        case("encoding", " ".join(variables), "train", proc)
+    # the verl bridge's settings, checked before Ray starts
+    verl = ROOT / ".venv-verl" / "bin" / "python"
+    if verl.exists():
+        for setting in ("granularity=tokens", "shape=Exp", "episode_stats=steps", "success_above=nan"):
+            code = ("from hydra import compose, initialize_config_dir; import verl.trainer.config as c; "
+                    "from verl_bridge.main_sharpo import check_config\n"
+                    "with initialize_config_dir(config_dir=str(c.__path__[0]), version_base=None):\n"
+                    f"    cfg = compose(config_name='ppo_trainer', overrides=['algorithm.adv_estimator=grpo', "
+                    f"'trainer.use_v1=False', '+sharpo.layout=per_trajectory', '+sharpo.{setting}'])\n"
+                    "try:\n    check_config(cfg)\nexcept ValueError as err:\n    raise SystemExit(f'error: {err}')")
+            proc = subprocess.run([str(verl), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+            outcome = "one-line error" if proc.returncode == 1 and "error: sharpo." in proc.stderr else \
+                "TRAINED SOMETHING ELSE" if proc.returncode == 0 else f"exit {proc.returncode}"
+            record("r7 verl", setting, "verl", outcome, last_line(proc.stderr)[:90])
+    else:
+        print("   (no .venv-verl: the verl cases are skipped; bash verl_bridge/install_verl.sh makes it)", flush=True)
 
 
 def main() -> None:
@@ -1149,6 +1246,8 @@ def main() -> None:
         round_five(work, marker, record)
     if "round6" in only:
         round_six(work, marker, record)
+    if "round7" in only:
+        round_seven(work, marker, record)
     base = work / "base"
     if "folders" in only and not base.exists():
         tiny_run(base)

@@ -589,7 +589,7 @@ def test_eval_never_replaces_the_run_s_own_evaluation(tmp_path):
     assert record.read_bytes() == before
     assert (run / "evalpy_webshop_test_iter-000001.json").is_file() and (run / "evalpy_webshop_test_iter-000001-2.json").is_file()
     done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--out", str(record))
-    assert done.returncode == 2 and "never replaces it" in done.stderr and record.read_bytes() == before
+    assert done.returncode == 2 and "name of a run's own evaluation" in done.stderr and record.read_bytes() == before
 
 
 def test_a_relative_data_dir_is_recorded_as_the_folder_it_meant(tmp_path, monkeypatch):

@@ -80,7 +80,7 @@ import train
 from eval import IN_LOOP_RECORD  # train.py's --eval-every names, and no other
 from baselines import ALGORITHMS
 from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
-from infra.cli import UserError, check_domains, parse_dataclass, run, seed_problems
+from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
 from envs.make import env_class
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -146,8 +146,19 @@ def read_metrics(run: Path) -> list[dict]:
                     not isinstance(record.get("iteration"), int) or isinstance(record.get("iteration"), bool):
                 raise UserError(f"{path} line {n} is not a train.py metrics line (it needs an integer "
                                 "'iteration' and a number 'success'): restore the log, or delete that line")
+            if "task_wins" in record and not valid_task_wins(record["task_wins"]):
+                raise UserError(f"{path} line {n}: 'task_wins' should map each task to [won, played], integers "
+                                "with 0 <= won <= played and played >= 1: restore the log, or delete that line")
             out.append(record)
     return out
+
+
+def valid_task_wins(value) -> bool:
+    """metrics' task_wins as train.py writes it: {task: [won, played]}, 0 <= won <= played, played >= 1."""
+    def pair(v):
+        return (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+                and 0 <= v[0] <= v[1] and v[1] >= 1)
+    return isinstance(value, dict) and all(isinstance(k, str) and pair(v) for k, v in value.items())
 
 
 def run_summary(metrics: list[dict], final_window: int) -> dict:
@@ -469,11 +480,19 @@ def evaluated_iteration(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs") -> Path | None:
-    """The run's own evaluation of `iteration` on `split`, when it used the limits --eval-* asks for."""
+def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs", games: set) -> Path | None:
+    """The run's own evaluation of `iteration` on `split`, when it measured what compare's would: the same
+    games (`games`, the start policy's: every game of the split), greedily, one episode each, with the
+    limits --eval-* asks for, of that iteration's checkpoint (its record says so, not only its name)."""
     for path in run.glob(f"eval_*_{split}_iter-{iteration:06d}.json"):
-        config = evaluation_record(path).get("config", {})
-        if config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens:
+        if not IN_LOOP_RECORD.fullmatch(path.name):
+            continue
+        record = evaluation_record(path)
+        config = record.get("config", {})
+        played = record.get("games") if isinstance(record.get("games"), dict) else {}
+        if (config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens
+                and config.get("split") == split and config.get("iteration") == iteration
+                and set(played) == games and all("samples" not in g for g in played.values())):
             return path
     return None
 
@@ -500,13 +519,22 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
     config = read_json(first / "config.json", "the run's training flags")
     if not all(isinstance(config.get(k), str) for k in ("env", "model")):
         raise UserError(f"{first / 'config.json'} has no 'env' and 'model' of train.py's: not a run's config")
-    common += ["--env", config["env"]] + (["--data-dir", config["data_dir"]] if config.get("data_dir") else [])
-    jobs = {"start": (out / f"eval_start_{split}{tag}.json", ["--model", config["model"]]  # in the runs' precision:
-                      + (["--dtype", config["dtype"]] if config.get("dtype") else [])  # bf16 and float32 play apart
-                      + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))}
+    data_dir = config.get("data_dir")
+    if isinstance(data_dir, str) and not Path(data_dir).is_absolute():
+        raise UserError(f"{first / 'config.json'} records --data-dir {data_dir!r}, relative to the folder its run was "
+                        "started in (runs before data folders were recorded absolute): evaluate those runs with "
+                        "eval.py --checkpoint RUN --data-dir THE_FOLDER, or run them again")
+    common += ["--env", config["env"]]  # a run's checkpoint plays its own data (eval.py checks its digest)
+    start_path = out / f"eval_start_{split}{tag}.json"
+    run_eval(start_path, ["--model", config["model"], *start_flags(config), *(["--data-dir", data_dir] if data_dir else [])],
+             common, "start", args)
+    if not start_path.is_file():
+        return {}
+    results["start"] = evaluation_record(start_path)
+    games, jobs = set(results["start"].get("games") or {}), {}
     for key, run_dir in runs_of.items():
         path = run_dir / f"eval_{split}_final{tag}.json"
-        own = None if tag else in_loop_evaluation(run_dir, split, iterations, args)  # the loop's are greedy
+        own = None if tag else in_loop_evaluation(run_dir, split, iterations, args, games)  # the loop's are greedy
         if own is not None:
             jobs[key] = (own, [])
         elif evaluated_iteration(path) == iterations:  # on disk, and of the last iteration's checkpoint
@@ -515,14 +543,26 @@ def evaluate(out: Path, runs_of: dict, args: CompareArgs, iterations: int) -> di
             path.unlink(missing_ok=True)  # one of an earlier iteration's checkpoint: the run was extended since
             jobs[key] = (path, ["--checkpoint", str(run_dir)])
     for key, (path, which) in jobs.items():
-        if not path.is_file() and not args.gather_only:
-            print(f"  evaluating {key if key == 'start' else f'{key[0]} seed {key[1]}'} on {split} -> {path}", flush=True)
-            eval_script = Path(__file__).resolve().parent.parent / "eval.py"
-            subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
-                           stdout=subprocess.DEVNULL)
+        run_eval(path, which, common, f"{key[0]} seed {key[1]}", args)
         if path.is_file():
             results[key] = evaluation_record(path)
-    return results if "start" in results else {}
+    return results
+
+
+def start_flags(config: dict) -> list[str]:
+    """eval.py's flags for the policy the runs started from, in the runs' precision (bf16 and float32 play apart)."""
+    return ((["--dtype", config["dtype"]] if config.get("dtype") else [])
+            + (["--init-adapter", config["init_adapter"]] if config.get("init_adapter") else []))
+
+
+def run_eval(path: Path, which: list[str], common: list[str], who: str, args: "CompareArgs") -> None:
+    """eval.py into `path`, unless it is there (or --gather-only)."""
+    if path.is_file() or args.gather_only:
+        return
+    print(f"  evaluating {who} on {args.eval_split} -> {path}", flush=True)
+    eval_script = Path(__file__).resolve().parent.parent / "eval.py"
+    subprocess.run([sys.executable, str(eval_script), *common, *which, "--out", str(path)], check=True,
+                   stdout=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -542,9 +582,10 @@ def main(argv: list[str] | None = None) -> dict:
     problems += seed_problems("--seeds", seeds)
     problems += [f"--algos: unknown algorithm {a!r} (choose from {', '.join([*ALGORITHMS, *CONTROLS])})"
                  for a in algos if a not in ALGORITHMS and a not in CONTROLS]
-    for flag in ("--algo", "--seed", "--output-dir", "--resume", "--shuffle-rewards"):
-        if any(f == flag or f.startswith(flag + "=") for f in train_flags):
-            problems.append(f"{flag} is set by compare.py for each run; drop it after --")
+    given, _ = given_flags(train.TrainArgs, train_flags)  # every spelling train.py's parser takes
+    for name in ("algo", "seed", "output_dir", "resume", "shuffle_rewards"):
+        if name in given:
+            problems.append(f"--{name.replace('_', '-')} is set by compare.py for each run; drop it after --")
     run_flags = None if problems else train.parse_args(train_flags)  # the runs' flags, as train.py resolves them
     if run_flags and args.eval_split and args.eval_split not in env_class(run_flags.env).splits:
         problems.append(f"--eval-split for {run_flags.env} must be one of {', '.join(env_class(run_flags.env).splits)}; "

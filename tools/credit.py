@@ -69,7 +69,7 @@ from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs.answer import history_length
 from envs.make import env_class, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
-from eval import pick_games
+from eval import check_trained_data, check_writable, pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
 from flags import WARMSTART, BaselineArgs, MethodArgs
 from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
@@ -540,14 +540,20 @@ def main(argv: list[str] | None = None) -> dict:
     if not seeds:
         problems.append(f"--seeds must be comma-separated integers; got {args.seeds!r}")
     problems += seed_problems("--seeds", seeds)
-    if args.checkpoint:  # a run's policy plays its run's env (and data), as in eval.py
+    data_of_run = False
+    if args.checkpoint is not None:  # a run's policy plays its run's env (and data), as in eval.py
         trained = read_config(find_checkpoint(args.checkpoint))  # no config.json: one line, here
         given, _ = given_flags(CreditArgs, sys.argv[1:] if argv is None else argv)
         if "env" in given and given["env"] != trained["env"]:
             raise UserError(f"{args.checkpoint} was trained on {trained['env']}: drop --env (it defaults to the "
                             f"checkpoint's) or pass --env {trained['env']}")
+        for flag in ("model", "init_adapter"):
+            if flag in given:
+                problems.append(f"--{flag.replace('_', '-')} and --checkpoint: the checkpoint names its own base "
+                                f"model and warm start; drop --{flag.replace('_', '-')}")
         args.env = trained["env"]
-        if args.data_dir is None and isinstance(trained.get("data_dir"), str):
+        data_of_run = args.data_dir is None
+        if data_of_run and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]
     args.split = args.split or HELD_OUT[args.env]
     splits = env_class(args.env).splits
@@ -560,8 +566,12 @@ def main(argv: list[str] | None = None) -> dict:
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")
+    for name in ("credit.json", "roc.png"):  # before any game: a folder that cannot take them costs nothing
+        check_writable(out / name)
     t0 = time.perf_counter()
     model, tokenizer, env = load(args)
+    if data_of_run:
+        check_trained_data(find_checkpoint(args.checkpoint), env, args.data_dir)
     try:
         games = pick_games(env, args.split, args.games)
         plans = hindsight_plans(args.env, env, args.data_dir, games)

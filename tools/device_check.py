@@ -381,6 +381,19 @@ def slim_bitsandbytes(folder: Path) -> Path:
         raise UserError(f"{folder}: expected one bitsandbytes wheel, found {len(wheels)} (pip download it there first)")
     wheel = wheels[0]
     tmp = wheel.with_suffix(".slim")
+    try:
+        dropped = write_slim(wheel, tmp)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, UnicodeDecodeError) as err:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{wheel} is not a whole wheel ({type(err).__name__}: a damaged or partial download): "
+                        f"pip download bitsandbytes==0.50.2 into {folder} again") from None
+    os.replace(tmp, wheel)
+    print(f"{wheel.name}: {dropped} libraries for other CUDA, ROCm and XPU versions dropped")
+    return wheel
+
+
+def write_slim(wheel: Path, tmp: Path) -> int:
+    """The wheel's files into `tmp`, less the libraries slim_bitsandbytes drops; returns how many it dropped."""
     dropped = 0
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
         for item in src.infolist():
@@ -396,9 +409,7 @@ def slim_bitsandbytes(folder: Path) -> Path:
                     and not Path(line.split(",")[0]).name.startswith(("libbitsandbytes_cuda13", "libbitsandbytes_cpu")))]
                 data = ("\n".join(keep) + "\n").encode()
             dst.writestr(item, data)
-    os.replace(tmp, wheel)
-    print(f"{wheel.name}: {dropped} libraries for other CUDA, ROCm and XPU versions dropped")
-    return wheel
+    return dropped
 
 
 def carry_arithmetic(carried: list[Path]) -> dict:

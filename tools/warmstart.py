@@ -54,7 +54,7 @@ from tqdm.auto import tqdm
 
 from envs.answer import history_length
 from envs.make import make_env
-from eval import fill_query, pick_games
+from eval import check_writable, fill_query, pick_games
 from flags import CPU_DEMO_PER_ENV
 from infra.cli import UserError, check_domains, parse_dataclass, run
 from infra.models import load_policy, resolve_dtype, save_adapter
@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
         env.close()
         print(json.dumps({"adapter": args.check, "split": args.split, **result}, indent=1))
         return
+    out = Path(args.out or f"data/warmstart/{Path(args.model).name}-{args.env}")
+    for name in ("adapter_config.json", "adapter_model.safetensors", "warmstart_config.json"):
+        check_writable(out / name)  # before any training: a folder that cannot take the adapter costs nothing
     model, tokenizer = load_policy(args.model, lora_r=args.lora_r, lora_alpha=args.lora_alpha, seed=args.seed,
                                    dtype=args.dtype)
     env = make_env(args.env, data_dir=args.data_dir)
@@ -269,7 +272,6 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             total, count = total + loss.item() * int(n), count + int(n)
         print(f"epoch {epoch + 1}: NLL per response token {total / count:.3f} ({time.perf_counter() - t0:.0f}s)")
-    out = Path(args.out or f"data/warmstart/{Path(args.model).name}-{args.env}")
     save_adapter(model, out)
     (out / "warmstart_config.json").write_text(json.dumps(asdict(args), indent=1))
     print(f"wrote {out}")

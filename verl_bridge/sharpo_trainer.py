@@ -40,7 +40,9 @@ Shapes: B samples, Lp prompt positions (left-padded), T response positions (righ
 """
 from __future__ import annotations
 
+import math
 import re
+import typing
 from dataclasses import dataclass, fields
 
 import torch
@@ -53,6 +55,11 @@ from verl_bridge.verl_sharpo import label_ids, needs_teacher, runs_of_ones, shar
 from advantage import check_mixing  # the repository root is on the path now (verl_sharpo put it there)
 from flags import MethodArgs
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan
+
+
+# The settings that take one of a few names, and those names (--episode-stats: train.py's own choices).
+CHOICES = {"layout": ("per_step", "per_trajectory"), "shape": ("exp", "sigmoid"), "granularity": ("segment", "token"),
+           "episode_stats": typing.get_args(typing.get_type_hints(MethodArgs)["episode_stats"])}
 
 
 @dataclass
@@ -78,9 +85,24 @@ class SharpoSettings:
             raise ValueError(f"sharpo: unknown setting(s) {sorted(unknown)}; the settings are "
                              f"{[f.name for f in fields(cls)]}")
         settings = cls(**section)
-        check_mixing(settings.lam, settings.eps_m)
-        if settings.layout not in ("per_step", "per_trajectory"):
-            raise ValueError(f"sharpo.layout must be 'per_step' or 'per_trajectory'; got {settings.layout!r}")
+        for name in ("lam", "eps_m", "success_above"):  # a number, finite (a NaN threshold passes no score)
+            value = getattr(settings, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"sharpo.{name} must be a finite number; got {value!r}")
+        check_mixing(settings.lam, settings.eps_m)  # train.py's own check of --lam and --eps-m
+        for name, choices in CHOICES.items():  # exactly one of the names each setting takes, in its case
+            if getattr(settings, name) not in choices:
+                raise ValueError(f"sharpo.{name} must be one of {', '.join(map(repr, choices))}; "
+                                 f"got {getattr(settings, name)!r}")
+        if not isinstance(settings.plan_key, str) or not settings.plan_key:
+            raise ValueError(f"sharpo.plan_key must name a non_tensor_batch key; got {settings.plan_key!r}")
+        try:
+            groups = re.compile(settings.action_pattern).groups if isinstance(settings.action_pattern, str) else -1
+        except re.error as err:
+            raise ValueError(f"sharpo.action_pattern is no regular expression ({err})") from None
+        if groups != 1:
+            raise ValueError("sharpo.action_pattern must be a regular expression with exactly one group (the "
+                             f"action); got {settings.action_pattern!r}")
         if settings.layout == "per_step" and config.trainer.get("balance_batch", False):
             raise ValueError("sharpo.layout=per_step reads a trajectory's steps in batch order, which "
                              "trainer.balance_batch reorders: set trainer.balance_batch=False")
@@ -130,6 +152,9 @@ def hindsight_blocks(data: DataProto, tokenizer, settings: SharpoSettings) -> li
     blocks: list[str | None] = []
     for b, t in enumerate(traj):
         plan = None if plans is None else plans[b]
+        if isinstance(plan, str):  # a list of actions, or nothing: a string would be read letter by letter
+            raise ValueError(f"non_tensor_batch[{settings.plan_key!r}] of sample {b} is a string, {plan[:40]!r}: "
+                             "give each sample its plan as a list of actions")
         if plan is not None and len(plan) > 0:
             blocks.append(format_plan(EXPERT_HEADLINE, [str(a) for a in plan]))
             continue

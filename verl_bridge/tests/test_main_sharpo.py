@@ -22,8 +22,19 @@ def test_check_config_refuses_what_the_launcher_does_not_run():
                                (["algorithm.adv_estimator=gae"], "adv_estimator=grpo"),
                                (["+sharpo.lamda=0.3"], "unknown setting"),
                                (["+sharpo.layout=per_trajectory", "+sharpo.eps_m=1.5"], "eps_m"),
-                               (["+sharpo.layout=per_turn"], "per_step' or 'per_trajectory"),
-                               (["+sharpo.layout=per_step"], "balance_batch=False")):
+                               (["+sharpo.layout=per_turn"], "layout must be one of 'per_step', 'per_trajectory'"),
+                               (["+sharpo.layout=per_step"], "balance_batch=False"),
+                               # round seven: each of these trained something else, or failed only after the
+                               # first GPU rollout (in the first _update_actor)
+                               (["+sharpo.layout=per_trajectory", "+sharpo.granularity=tokens"], "granularity"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.granularity=Token"], "granularity"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.shape=sigmod"], "shape"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.episode_stats=steps"], "episode_stats"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.action_pattern='<action>'"], "one group"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.action_pattern='(unclosed'"],
+                                "no regular expression"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.success_above=nan"], "finite number"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.plan_key=''"], "plan_key")):
         with pytest.raises(ValueError, match=message):
             check_config(config_with(*overrides))
 

@@ -253,6 +253,15 @@ def test_hindsight_blocks_follow_the_sibling_rule_and_the_env_plan():
     assert blocks == [None, win, win, win]
 
 
+def test_a_plan_given_as_a_string_is_refused_not_read_letter_by_letter():
+    """Round seven: an env plan written as one string became a block of one action a letter."""
+    tokenizer = tiny_tokenizer()
+    batch = student_batch(tokenizer)
+    batch.non_tensor_batch["expert_plan"][6] = "go to drawer 1"
+    with pytest.raises(ValueError, match="is a string.*list of actions"):
+        hindsight_blocks(batch, tokenizer, SharpoSettings())
+
+
 def test_the_teacher_prompt_is_the_chat_template_with_one_more_turn():
     """The spliced teacher prompt equals the template rendering the task with the hindsight turn
     (segments.add_hindsight), token for token; a prompt without the assistant header is refused."""
