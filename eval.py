@@ -48,7 +48,8 @@ from envs.answer import history_length
 from envs.make import make_env, resolve_workers
 from flags import MethodArgs
 from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
-                              load_checkpoint_policy, read_config, read_json, run_dir_of, write_atomic)
+                              load_checkpoint_policy, read_config, read_json, run_dir_of,
+                              write_atomic)
 from infra.cli import OutputLost, Stopped, UserError, check_domains, choice_of, parse_dataclass, run
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
@@ -323,14 +324,15 @@ def main(argv: list[str] | None = None) -> dict:
     if data_of_run:
         check_trained_data(ckpt, env, args.data_dir)
     if args.out is not None and IN_LOOP_RECORD.fullmatch(Path(args.out).name):
-        raise UserError(f"--out {args.out}: eval_<env>_<split>_iter-N.json is the name of a run's own "
-                        "evaluation (train.py --eval-every), which says what it measured by that name: "
-                        "pass another --out, or none (a checkpoint's run folder gets evalpy_...)")
+        raise UserError(f"--out {args.out}: eval_<env>_<split>_iter-N.json is the name of a run's "
+                        "own evaluation (train.py --eval-every), which says what it measured by "
+                        "that name: pass another --out, or none (a checkpoint's run folder gets "
+                        "evalpy_...)")
     out = Path(args.out) if args.out is not None else None
     if out is not None:
-        check_writable(out)  # before any game is played: a path that cannot take the JSON costs nothing
+        check_writable(out)  # before any game: a path that cannot take the JSON costs nothing
     else:
-        out = claim_out_path(args.env, args.policy, split, ckpt)  # claimed: no other eval.py takes it
+        out = claim_out_path(args.env, args.policy, split, ckpt)  # claimed: no other eval.py's
     try:
         metrics = play(args, env, task_ids, history_len, ckpt, split)
     except BaseException:
@@ -371,23 +373,26 @@ def play(args: EvalArgs, env, task_ids: list[str], history_len: int | None, ckpt
 
 
 def check_trained_data(ckpt: Path, env, data_dir: str | None) -> None:
-    """The env plays the tasks `ckpt`'s run trained on, as the digest its state.json recorded says: a
-    --data-dir that an older run recorded relative to the folder it was started in (runs before
-    a5b416d) names another folder from here, and data edited since holds other games. Either is one
-    line, before any game; a --data-dir given on the command line evaluates other data on purpose."""
+    """The env plays the tasks `ckpt`'s run trained on, as the digest its state.json recorded
+    says: a --data-dir that an older run recorded relative to the folder it was started in (runs
+    before a5b416d) names another folder from here, and data edited since holds other games. Either
+    is one line, before any game; a --data-dir on the command line evaluates other data on
+    purpose."""
     recorded = read_json(ckpt / STATE, "the checkpoint's iteration").get("data")
     now = getattr(env, "data_digest", lambda: None)()
     if isinstance(recorded, str) and now == recorded:
         return
     if data_dir is not None and not Path(data_dir).is_absolute():
-        raise UserError(f"{ckpt / 'config.json'} records --data-dir {data_dir!r}, relative to the folder its run "
-                        f"was started in (runs before data folders were recorded absolute), and from here it is "
-                        f"{Path(data_dir).resolve()}, which "
-                        + ("holds other tasks" if isinstance(recorded, str) else "nothing can check") +
-                        ": pass --data-dir with the folder the run trained on")
+        which = "holds other tasks" if isinstance(recorded, str) else "nothing can check"
+        here = Path(data_dir).resolve()
+        raise UserError(f"{ckpt / 'config.json'} records --data-dir {data_dir!r}, relative to the "
+                        "folder its run was started in (runs before data folders were recorded "
+                        f"absolute), and from here it is {here}, which {which}: pass --data-dir "
+                        "with the folder the run trained on")
     if isinstance(recorded, str) and now is not None:
-        raise UserError(f"the data at {data_dir or 'the default data folder'} holds other tasks than {ckpt} trained "
-                        f"on (their digest {now}, the run's {recorded}): restore it, or pass --data-dir to "
+        where = data_dir or "the default data folder"
+        raise UserError(f"the data at {where} holds other tasks than {ckpt} trained on (their "
+                        f"digest {now}, the run's {recorded}): restore it, or pass --data-dir to "
                         "evaluate on other data on purpose")
 
 
