@@ -1137,7 +1137,8 @@ def round_seven(work: Path, marker: Path, record) -> None:
     # empty is not absent
     for argv in (["train.py", "--resume", ""], ["train.py", *tiny, "--model", "", "--output-dir", str(work / "r7-e")],
                  ["eval.py", "--policy", "model", "--checkpoint", ""], ["-m", "tools.credit", "--checkpoint", ""]):
-        case("empty", f"{argv[0]} {argv[-2] if argv[-1] == '' else '--model'} ''", "cli", run(argv))
+        case("empty", f"{argv[1] if argv[0] == '-m' else argv[0]} {argv[-2] if argv[-1] == '' else '--model'} ''",
+             "cli", run(argv))
     # a name claimed before the work: two evaluations of one checkpoint at once
     procs = [subprocess.Popen([PY, "eval.py", "--policy", "model", "--checkpoint", str(r), "--num-games", "2",
                                "--max-steps", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
