@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from errors import file_system_problem
+from flags import MethodArgs
 from infra.cli import UserError, run, with_current_names
 from infra.curves import curves_png, num, read_jsonl
 
@@ -162,15 +163,15 @@ def make_plots(run_dir: str | Path) -> dict[str, Path]:
     run = Path(run_dir)
     metrics = read_jsonl(run / "metrics.jsonl")
     samples = read_jsonl(run / "samples.jsonl") if (run / "samples.jsonl").exists() else []  # --samples-per-iter 0
-    eps = 0.2
+    eps = MethodArgs.eps_m  # train.py's default, where the run's config.json does not say
     if (run / "config.json").exists():
         try:
             config = json.loads((run / "config.json").read_text(encoding="utf-8"))
-            eps = num(with_current_names(config).get("eps_m", 0.2))
+            eps = num(with_current_names(config).get("eps_m", MethodArgs.eps_m))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, AttributeError):
             raise UserError(f"{run / 'config.json'} is not a JSON object of train.py flags") from None
         if not 0 < eps < 1:
-            eps = 0.2
+            eps = MethodArgs.eps_m
     names = ("segments.html", "segments.png") if samples else ()
     if not samples:
         print(f"{run} holds no sample trajectories (a run with --samples-per-iter 0 keeps none): the segment "

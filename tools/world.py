@@ -76,7 +76,7 @@ class WorldArgs:
     threshold: float = 0.5  # the success whose reaching is timed
     seeds: int = 12  # seeds per setting
     aucs: str = "0.6,0.76,0.92,1.0"  # teacher AUCs studied (the placebo is AUC 0.5)
-    bounds: str = "0.2:0.5,0.5:1.0"  # (eps_m:lam) settings, comma-separated; the first is the default
+    bounds: str = f"{MethodArgs.eps_m}:{MethodArgs.lam},0.5:1.0"  # (eps_m:lam) settings, comma-separated; the first: train.py's
     real_auc: float = 0.588  # the CPU teacher's blame AUC on the learning set (results/credit-learn-cpu)
     slope: float = 0.0104  # GRPO's held-out greedy success gained per iteration on the learning preset
     budget: int = 8  # the learning preset's iterations
