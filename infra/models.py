@@ -357,7 +357,7 @@ def load_policy(
     if not load_in_4bit:
         base.to(torch_dtype)  # after the merge, which adds the warm start in float32
     if gradient_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(base)
         base.config.use_cache = False  # the cache is only used by generate, which turns it back on
     if adapter is not None:
         with torch.random.fork_rng(devices=[]):
@@ -371,6 +371,16 @@ def load_policy(
             torch.manual_seed(seed)  # LoRA A matrices are initialised at random: make it repeatable
             model = get_peft_model(base, config)
     return model, tokenizer
+
+
+def checkpoint_activations(model) -> None:
+    """Recompute each layer's activations in the backward, non-reentrant (a reentrant one needs an input
+    that requires grad): transformers 5.24's activation_checkpointing_enable, or, where it is not yet
+    there (the GPU machine's 5.17, the vLLM and verl venvs), its older name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def last_layers(base, n: int) -> dict:
@@ -425,7 +435,7 @@ def shape_model(device: str, shape: dict, lora_r: int, load_in_4bit: bool = True
                         q.support_avx512bf16_for_cpu = False
                     setattr(module, child_name, q)
         model.is_loaded_in_4bit = True  # what from_pretrained sets: peft then wraps the 4-bit layers in its bnb LoRA layers
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpoint_activations(model)
     model.config.use_cache = False
     tokenizer = build_tiny_tokenizer()  # ids decode to little text; the synthetic env ignores it
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -167,7 +167,7 @@ def built(model) -> dict:
             if hasattr(m, "base_layer")}
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"lora_layers": sorted(lora), "base_layers": sorted(base), "weights_gb": weights / 2**30,
-            "gradient_checkpointing": bool(getattr(model.get_base_model(), "is_gradient_checkpointing", False)),
+            "gradient_checkpointing": checkpointing(model.get_base_model()),
             "compute_dtype": str(model.get_input_embeddings().weight.dtype)}
 
 
@@ -372,6 +372,12 @@ def write_json(path: Path | None, found: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- the carry
+def checkpointing(model) -> bool:
+    """Whether the model recomputes activations in the backward (transformers 5.24's name, or the older one)."""
+    return bool(getattr(model, "is_activation_checkpointing", None) if hasattr(model, "is_activation_checkpointing")
+                else getattr(model, "is_gradient_checkpointing", False))
+
+
 def slim_bitsandbytes(folder: Path) -> Path:
     """The bitsandbytes wheel in `folder`, rewritten without the libraries a CUDA 13 machine does not load
     (other CUDA versions, ROCm, XPU): bitsandbytes picks libbitsandbytes_cuda<major><minor>.so by torch's CUDA
