@@ -44,7 +44,7 @@ from typing import Literal
 import torch
 
 from envs import ENVS
-from envs.answer import history_length
+from envs.answer import history_length, history_problems
 from envs.make import make_env, resolve_workers
 from flags import MethodArgs
 from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
@@ -267,10 +267,7 @@ def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
     problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
                              non_negative=("num_games", "max_steps", "temperature", "env_workers"))
-    try:
-        history_length(args.history or PLAYED_AS_TRAINED["history"])
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history or PLAYED_AS_TRAINED["history"])
     if args.checkpoint and args.policy != "model":
         problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add "
                         "--policy model")
@@ -323,13 +320,13 @@ def main(argv: list[str] | None = None) -> dict:
         raise UserError(str(err)) from None
     if data_of_run:
         check_trained_data(ckpt, env, args.data_dir)
-    if args.out is not None and IN_LOOP_RECORD.fullmatch(Path(args.out).name):
-        raise UserError(f"--out {args.out}: eval_<env>_<split>_iter-N.json is the name of a run's "
-                        "own evaluation (train.py --eval-every), which says what it measured by "
-                        "that name: pass another --out, or none (a checkpoint's run folder gets "
-                        "evalpy_...)")
-    out = Path(args.out) if args.out is not None else None
-    if out is not None:
+    if args.out is not None:
+        out = Path(args.out)
+        if IN_LOOP_RECORD.fullmatch(out.name):
+            raise UserError(f"--out {out}: eval_<env>_<split>_iter-N.json is the name of a run's "
+                            "own evaluation (train.py --eval-every), which says what it measured "
+                            "by that name: pass another --out, or none (a checkpoint's run folder "
+                            "gets evalpy_...)")
         check_writable(out)  # before any game: a path that cannot take the JSON costs nothing
     else:
         out = claim_out_path(args.env, args.policy, split, ckpt)  # claimed: no other eval.py's

@@ -58,7 +58,7 @@ def line_and_samples(stages: Stages, trainer, iteration: int) -> tuple[dict, lis
 
 def iteration_metrics(stages: Stages, algo, args, dist, iteration: int) -> dict:
     """The metrics line of the iteration train.py just ran (docs/training.md defines each key);
-    algo: the --algo that ran it (baselines.ALGORITHMS), whose `metrics` say what its credit did."""
+    algo: the --algo that ran it (baselines.ALGORITHMS): what its teacher found, and its own `metrics`."""
     seconds, adv, rows = stages.watch.seconds, stages.adv, stages.rows
     all_trajs = dist.gather(stages.trajs)  # [distributed] metrics over every process's episodes
     out = {"iteration": iteration, **rollout_metrics(all_trajs, [t.group for t in all_trajs])}

@@ -97,3 +97,12 @@ def history_length(value: str) -> int | None:
     if not (value.isascii() and value.isdigit()):  # '²' is a digit to Python, no number
         raise ValueError(f"--history must be a non-negative integer or 'all'; got {value!r}")
     return int(value)
+
+
+def history_problems(value: str) -> list[str]:
+    """--history's problem, if it has one (history_length's rule), as the flag checks collect them."""
+    try:
+        history_length(value)
+    except ValueError as err:
+        return [str(err)]
+    return []

@@ -17,8 +17,7 @@ import torch
 
 from advantage import check_mixing
 from baselines import ALGORITHMS
-from envs import ENVS
-from envs.answer import history_length
+from envs.answer import history_problems
 from envs.make import env_class
 from errors import UserError
 from flags import (GPU_PRESETS, LATER_FLAGS, MAX_EPISODES, MAX_NEW_TOKENS, MAX_OPTIMIZER_STEPS, MAX_STEPS,
@@ -36,9 +35,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     or a resumed run's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     given, asks_help = given_flags(TrainArgs, argv)  # rejects unknown flags and bad choices in one line
-    if "resume" in given and not asks_help:
-        if not given["resume"]:
-            raise UserError("--resume '' names no run: pass a run folder (or one of its checkpoints)")
+    if "resume" in given and not asks_help:  # (an empty --resume is refused by the parse itself)
         return resume_args(TrainArgs, given, RESUME_RULES)
     preset, defaults = preset_defaults(given.get("preset", "auto"), given.get("env", "alfworld"))
     args = parse_dataclass(TrainArgs, argv, description, defaults)  # --help: printed, with these defaults
@@ -136,14 +133,11 @@ def check(args: TrainArgs) -> None:
         if value > limit:
             problems.append(f"{flag} is {value}, above this project's limit of {limit}: an iteration that size "
                             "would not finish in a day on one GPU (verl-agent's setting is 16 x 8, 50 steps, 256 tokens)")
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
-    if args.env not in ENVS:  # the env's class is imported only once the other flags passed
-        raise UserError("; ".join(problems + [f"--env {args.env!r} is no environment of this project: choose "
-                                              f"one of {', '.join(ENVS)}"]))
-    splits = env_class(args.env).splits
+    problems += history_problems(args.history)
+    try:  # the env's class (its module imported now): an unknown name is envs/make.py's one line
+        splits = env_class(args.env).splits
+    except UserError as err:
+        raise UserError("; ".join(problems + [str(err)])) from None
     for flag, split in (("--split", args.split), ("--eval-split", args.eval_split)):
         if split is not None and split not in splits:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(splits)}; got {split!r}")

@@ -66,7 +66,7 @@ import torch
 
 from advantage import grpo_advantages, segment_gap, segment_multipliers
 from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
-from envs.answer import history_length
+from envs.answer import history_length, history_problems
 from envs.make import env_class, make_env, resolve_workers
 from envs.alfworld import planner_plans, resolve_data_dir
 from eval import check_trained_data, check_writable, pick_games
@@ -559,10 +559,7 @@ def main(argv: list[str] | None = None) -> dict:
     splits = env_class(args.env).splits
     if args.split not in splits:  # before the model loads
         problems.append(f"--split for {args.env} must be one of {', '.join(splits)}; got {args.split!r}")
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history)
     if problems:
         raise UserError("; ".join(problems))
     out = Path(args.out or f"runs/credit-{args.env}")

@@ -52,7 +52,7 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from envs.answer import history_length
+from envs.answer import history_length, history_problems
 from envs.make import make_env
 from eval import check_writable, fill_query, pick_games
 from flags import CPU_DEMO_PER_ENV
@@ -221,10 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
     problems = check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
                                       if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else [])
-    try:
-        history_length(args.history)
-    except ValueError as err:
-        problems.append(str(err))
+    problems += history_problems(args.history)
     if problems:
         raise UserError("; ".join(problems))
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model)  # saved as it ran
