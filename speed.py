@@ -8,6 +8,9 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
   - the student's and its teacher's rows share a prefix (the student's whole context, segments.py):
     one decoder pass over the student rows keeps its KV cache, and the teacher rows continue from it,
     computing only their hindsight block, header and response;
+  - the layers below the first one the update trains (--lora-layers) never change: the student pass
+    keeps each row's input to that layer, and the update's passes (and the KL's reference) start
+    there, computing only the layers it trains (`kept_input`);
   - the output head and log-softmax run only on the hidden states that predict response tokens,
     in float32, in chunks, so that the (B, L, V) float32 logits never exist at once, and a head whose
     weights are not float32 is never copied to float32 whole.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.checkpoint
@@ -35,6 +38,9 @@ from rollout import autocast
 from segments import Row, Rows, length_batches, shared_prefix_len
 
 
+KEEP_BYTES = 2**30  # the student pass keeps at most 1 GiB of first-trained-layer inputs
+
+
 @dataclass
 class FastPath:
     """[speed] rollout.py's log-prob functions and `generate`, batched: `micro_batch_rows` rows a
@@ -43,12 +49,35 @@ class FastPath:
 
     pad_id: int
     micro_batch_rows: int = 4
+    kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to the first trained layer)
 
     def batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
-        """rollout.batch_logprobs: one padded pass over the rows; (b, t) on the model's device."""
+        """rollout.batch_logprobs: one padded pass over the rows; (b, t) on the model's device. Rows
+        whose input to the first trained layer the student pass kept start there (kept_input)."""
         device = model.get_input_embeddings().weight.device
         batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
+        batch["kept"] = self.kept_input(model, rows, batch["input_ids"].shape[1])  # (b, L, H) or None
         return response_logprobs(model, batch, temperature=temperature).float()  # (b, t)
+
+    def keep(self, row: Row, states: torch.Tensor) -> None:
+        """Keep a row's input to the first trained layer (len, H), on the CPU, while all kept stay
+        within KEEP_BYTES (a row beyond it takes the whole pass)."""
+        held = sum(h.nbytes for _, h in self.kept.values())
+        if held + states.nbytes <= KEEP_BYTES:
+            self.kept[id(row)] = (row, states.cpu())
+
+    def kept_input(self, model, rows: list[Row], L: int) -> torch.Tensor | None:
+        """The rows' kept inputs to the first layer that trains, right-padded with zeros to L: (b, L, H),
+        or None unless every row has one. The layers below it hold no trained weight, so these are
+        what a pass over those layers would compute now, to float rounding."""
+        if not rows or not all(id(row) in self.kept for row in rows) or first_trained_layer(model) == 0:
+            return None
+        device = model.get_input_embeddings().weight.device
+        states = [self.kept[id(row)][1] for row in rows]  # (len, H) each
+        out = states[0].new_zeros(len(rows), L, states[0].shape[-1])  # (b, L, H)
+        for b, h in enumerate(states):
+            out[b, : h.shape[0]] = h
+        return out.to(device)
 
     def rows_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
                       only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
@@ -88,6 +117,8 @@ class FastPath:
         logp_student, logp_teacher = torch.zeros(len(rows), T), torch.zeros(len(rows), T)  # (B, T), (B, T)
         picked = [b for b in range(len(rows)) if student[b]]
         decoder = model.get_decoder()
+        self.kept.clear()  # the last iteration's rows
+        first = first_trained_layer(model)  # 0: every layer trains, nothing to keep
         with torch.no_grad(), autocast(model):
             for part in tqdm(length_batches(picked, rows, self.micro_batch_rows), desc=desc, unit="batch", leave=False):
                 shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1
@@ -102,8 +133,12 @@ class FastPath:
                 with watch("student"):
                     ids, mask = ids.to(device), mask.to(device)
                     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, Lc + Ls) real tokens before each
-                    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                  use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                    with inputs_to(decoder.layers[first] if first else None) as seen:
+                        out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                      use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                    if seen:  # each row's real tokens, as they enter the first trained layer
+                        for j, (b, n) in enumerate(zip(part, shared)):
+                            self.keep(rows[b], seen[0][j, Lc - n : Lc + len(rows[b].input_ids) - n])
                     start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)],
                                          device=device)  # (b,)
                     length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
@@ -231,11 +266,50 @@ def response_logprobs(
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
     start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
+    decoder, kept = model.get_decoder(), batch.get("kept")  # kept: (B, L, H) or None (FastPath.kept_input)
     with autocast(model):
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False).last_hidden_state  # (B, L, H) nothing decodes after
+        if kept is None:
+            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                             use_cache=False).last_hidden_state  # (B, L, H) nothing decodes after
+        else:  # start at the first trained layer, from the kept inputs
+            with layers_from(decoder, first_trained_layer(model)):
+                hidden = decoder(inputs_embeds=kept, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (B, L, H)
     h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
     return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)
+
+
+def first_trained_layer(model) -> int:
+    """The index of the decoder's first layer holding a trained weight; 0 when the embeddings train
+    or no layer does (nothing below it to keep)."""
+    decoder = model.get_decoder()
+    if any(p.requires_grad for p in decoder.get_input_embeddings().parameters()):
+        return 0
+    return next((i for i, layer in enumerate(decoder.layers)
+                 if any(p.requires_grad for p in layer.parameters())), 0)
+
+
+@contextlib.contextmanager
+def inputs_to(layer):
+    """A list that receives the hidden states `layer` (None: no layer) is called with while open."""
+    seen = []
+    hook = layer and layer.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    try:
+        yield seen
+    finally:
+        hook and hook.remove()
+
+
+@contextlib.contextmanager
+def layers_from(decoder, first: int):
+    """The decoder with only its layers `first`, `first` + 1, ... while open: its forward, given the
+    input to layer `first` as inputs_embeds, computes only those (mask, positions and norm as usual)."""
+    layers = decoder.layers
+    decoder.layers = torch.nn.ModuleList(list(layers)[first:])
+    try:
+        yield decoder
+    finally:
+        decoder.layers = layers
 
 
 def _cache_argument(model) -> str:

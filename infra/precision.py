@@ -203,15 +203,20 @@ def cache_file() -> Path:
     return Path(os.environ.get("SHARPO_CACHE") or Path.home() / ".cache" / "sharpo") / "dtype.json"
 
 
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # instruction-set caps
+
+
 def machine_key(model: str) -> str:
-    """What a measurement holds for: this CPU model, this torch, this model (it is taken on one thread)."""
+    """What a measurement holds for: this CPU model, this torch, this model (it is taken on one thread), and
+    the instruction-set caps in the environment, which emulate another class of CPU (docs/scaling.md)."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     except OSError:
         pass
-    return f"{name} | torch {torch.__version__} | {model}"
+    caps = " ".join(f"{v}={os.environ[v]}" for v in ISA_CAPS if os.environ.get(v))  # an emulated class
+    return f"{name} | torch {torch.__version__} | {model}" + (f" | {caps}" if caps else "")
 
 
 def read_cache(path: Path) -> tuple[dict, str | None]:

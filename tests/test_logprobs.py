@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import rollout
+import speed
 from infra.models import load_policy
 from segments import Rows, build_row, build_teacher_row, response_masks
 from speed import FastPath
@@ -167,3 +168,37 @@ def test_the_plain_path_trains_as_the_fast_one(tmp_path):
     for key in ("update/loss", "update/pg_loss"):
         assert lines[0][key] == pytest.approx(lines[1][key], rel=1e-3), key
     assert lines[0]["update/kl_ref"] == pytest.approx(lines[1]["update/kl_ref"], rel=1e-2)  # a small difference
+
+
+def test_the_update_starting_at_the_first_trained_layer_computes_the_whole_pass():
+    """With LoRA on the last layer only, the update's pass that starts from the student pass's kept
+    inputs to that layer gives the whole pass's log-probs and LoRA gradients (float32, 1e-5): the
+    layers below hold no trained weight. A row the student pass did not score takes the whole pass."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, lora_layers=1, seed=1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    rows, teacher_rows = rows_and_teacher_rows(tok)
+    fast = FastPath(tok.pad_token_id, 2)
+    fast.student_teacher_logprobs(model.eval(), rows=as_rows(rows, teacher_rows),
+                                  student=torch.tensor([True, True, False]), taught=torch.tensor([True, False, False]))
+    assert speed.first_trained_layer(model) == 1 and set(fast.kept) == {id(rows[0]), id(rows[1])}
+
+    def pass_and_grads(passes, batch):
+        model.zero_grad()
+        logp = passes.batch_logprobs(model, rows=batch)  # (b, t)
+        logp.sum().backward()
+        return logp.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    started, grads = pass_and_grads(fast, rows[:2])
+    L = max(len(r.input_ids) for r in rows)
+    assert fast.kept_input(model, rows[:2], L) is not None  # the kept inputs were used
+    whole, whole_grads = pass_and_grads(FastPath(tok.pad_token_id, 2), rows[:2])
+    assert torch.allclose(started, whole, atol=1e-5, rtol=0), (started - whole).abs().max()
+    assert all(torch.allclose(g, w, atol=1e-5, rtol=0) for g, w in zip(grads, whole_grads))
+    assert fast.kept_input(model, rows, L) is None  # the third row was not kept: the whole pass
+    with torch.no_grad():  # the test can fail: other inputs at that layer give other log-probs
+        kept = fast.kept[id(rows[0])][1]
+        kept.mul_(1.5)
+        assert (fast.batch_logprobs(model, rows=rows[:2]) - whole).abs().max() > 1e-3
