@@ -303,13 +303,19 @@ def inputs_to(layer):
 @contextlib.contextmanager
 def layers_from(decoder, first: int):
     """The decoder with only its layers `first`, `first` + 1, ... while open: its forward, given the
-    input to layer `first` as inputs_embeds, computes only those (mask, positions and norm as usual)."""
-    layers = decoder.layers
+    input to layer `first` as inputs_embeds, computes only those (mask, positions and norm as usual).
+    The config's layer_types (Qwen2 picks each layer's attention mask from them by position) are cut
+    alike."""
+    layers, types = decoder.layers, getattr(decoder.config, "layer_types", None)
     decoder.layers = torch.nn.ModuleList(list(layers)[first:])
+    if types is not None:
+        decoder.config.layer_types = types[first:]
     try:
         yield decoder
     finally:
         decoder.layers = layers
+        if types is not None:
+            decoder.config.layer_types = types
 
 
 def _cache_argument(model) -> str:

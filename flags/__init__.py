@@ -105,7 +105,7 @@ class RunArgs:
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)
-    lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the backward pass stops at the first
+    lora_layers: int = 0  # LoRA on the last N decoder layers only (0 = all); the update computes only those N
     init_adapter: str | None = None  # LoRA merged into the base first (tools/warmstart.py output); none = no warm start
     data_dir: str | None = None  # env data folder; default: $ALFWORLD_DATA / $WEBSHOP_DATA, else the shipped data
     split: str = "train"  # split the training tasks come from
@@ -173,10 +173,11 @@ PRESET_CHANGES = {
     "cpu-demo": {  # minutes on 2 CPU cores with the embedded SmolLM2-135M; still exercises SHARPO
         **SMOLLM2_ON_CPU,
         "iterations": (2, "a demo of minutes: two iterations show the loop, not learning"),
-        "groups": (2, "2 tasks x 4 rollouts: 8 episodes an iteration"),
-        "group_size": (4, "2 tasks x 4 rollouts: 8 episodes an iteration"),
+        "groups": (2, "2 tasks x 3 rollouts: 6 episodes an iteration, each group still able to hold a win and a loss"),
+        "group_size": (3, "2 tasks x 3 rollouts: 6 episodes an iteration, each group still able to hold a win and a loss"),
         "lr": (1e-4, "a 135M model and 2 iterations: a larger step than the 7B setting's 3e-6"),
-        "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
+        "lora_layers": (4, "LoRA on the last 4 of the model's 30 layers: the update's passes compute only those "
+                             "(speed.py keeps each row's input to them from the student pass); a demo, not learning"),
         "eval_every": (0, "the run ends with its segments table, not an evaluation"),
     },
     "cpu-learn": {  # the CPU run meant to learn (data/alfworld-learn): recipe K of the pilot sweep
@@ -195,7 +196,7 @@ PRESET_CHANGES = {
         "eval_every": (8, "one held-out evaluation, at the end"),
         "eval_split": ("valid_seen", "the learning set's held-out games"),
     },
-    "cpu-watch": {  # learning to watch in a quarter-hour on 2 CPU cores: the demo's model, warm start and
+    "cpu-watch": {  # learning to watch in 10-12 minutes on 2 CPU cores: the demo's model, warm start and
         # short games, all 4 of them every iteration (results/watch-cpu: 3 seeds and 3 placebos). Pilots, seed 0:
         # lr 3e-4 at temperature 1 and 4 steps won 0.25, 0.31, 0.25, 0.06 (no group held a win and a loss); at
         # temperature 0.6 and 6 steps, lr 3e-4 won 0.38 -> 0.56 by iteration 5, lr 1e-3 0.38 -> 0.88
@@ -210,11 +211,13 @@ PRESET_CHANGES = {
                          "loss; a sixth turn costs about a sixth of the rollout"),
         "temperature": (0.6, "at temperature 1 the warm start wins only the one 3-step game; at 0.6 it wins some "
                              "of the others"),
-        "iterations": (8, "about 15 minutes on 2 cores (bf16): the pilots' success rose over iterations 3-6"),
+        "iterations": (8, "10-12 minutes on 2 cores without AMX (float32, emulated: results/watch-cpu); the "
+                          "success of its 3 seeds rose over iterations 3-8"),
         "lr": (1e-3, "a step that moves a 135M model's success within a few iterations (3e-4 moved it half as far)"),
         "minibatches": (4, "4 optimizer steps an iteration, each row read once: the 4 steps of 2 epochs x 2 "
                            "minibatches in half the update's time"),
-        "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: a third of the backward"),
+        "lora_layers": (10, "LoRA on the last 10 of the model's 30 layers: the update's passes compute only those "
+                              "(speed.py keeps each row's input to them from the student pass)"),
         "eval_every": (0, "its success is on the 4 games it trains on; held-out games are --preset cpu-learn's "
                           "question (docs/evidence.md)"),
     },

@@ -50,7 +50,6 @@ from pathlib import Path
 from infra.models import load_policy  # first: it quiets two third-party notices before peft loads
 # isort: split
 import torch
-from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
 from errors import Stopped, Terminated, UserError, file_system_problem, signals_deferred  # noqa: F401  (re-exported)
@@ -513,6 +512,8 @@ def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike 
     if warmstart is None:
         model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
     else:
+        from peft import LoraConfig  # where the model is, peft is already imported (infra/models.py)
+
         trained, copy = folder / "trained", folder / "warmstart"
         model.save_pretrained(trained, safe_serialization=True, save_embedding_layers=False)
         (trained / "README.md").unlink(missing_ok=True)

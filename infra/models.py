@@ -34,7 +34,6 @@ warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprec
 # isort: split
 import psutil
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
@@ -50,6 +49,9 @@ from transformers import (
 from errors import UserError, file_system_problem
 from infra import memory
 from infra.precision import resolve_dtype  # noqa: F401  (re-exported: callers resolve --dtype here too)
+
+# peft is imported in the functions that make or load an adapter: it brings bitsandbytes and torch's
+# compiler (~2 s), which a --help, a refused flag or a run that stops before its model never needs.
 
 QWEN_DEFAULT = "Qwen/Qwen2.5-7B-Instruct"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -297,6 +299,8 @@ def load_policy(
     with it the reference model, is the warm-started policy. dtype: "bf16" (base weights bf16,
     LoRA float32), "fp32", or "auto" (resolve_dtype).
     """
+    from peft import LoraConfig, get_peft_model
+
     name = name or default_model_name()
     check_available(name)  # every entry point: a model that cannot be had is one line, not the hub's retries
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -413,6 +417,8 @@ def shape_model(device: str, shape: dict, lora_r: int, load_in_4bit: bool = True
     compute) under peft's bitsandbytes LoRA layers; else bf16 weights under peft's LoRA layers (float32); bf16
     elsewhere, non-reentrant gradient checkpointing, LoRA r `lora_r` (alpha = r) on the seven projections.
     Returns (peft model, tokenizer)."""
+    from peft import LoraConfig, get_peft_model
+
     config = Qwen2Config(**{"tie_word_embeddings": False, **shape}, max_position_embeddings=32768)
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -471,6 +477,8 @@ def _load_adapter(base, adapter, name: str, is_trainable: bool = False):
     """A saved LoRA adapter on `base`; an adapter made for another model, or a broken one, is a clear error.
     Every tensor the adapter's config asks for must be in its file, of its shape, and nothing else: peft would
     load a file missing some as fresh LoRA weights, with a warning only."""
+    from peft import PeftModel, get_peft_model_state_dict
+
     check_adapter_folder(adapter)
     try:
         with warnings.catch_warnings():  # peft's long warning about missing keys: the check below says it in one line

@@ -23,3 +23,13 @@ def smollm2_tokenizer():
     from infra.models import load_tokenizer
 
     return load_tokenizer("smollm2")
+
+
+def pytest_configure(config):
+    """The `slow` marker: the longest tests (14-55 s each on 2 cores: the notebooks run whole, the real
+    embedded model's rollouts and checkpoints, whole runs in subprocesses under torchrun, the C locale or a
+    full disk, timeouts at their defaults). Without -m, the README's
+    command leaves them out (pytest reports them as deselected); `-m slow` runs just them, as .ci/run does."""
+    config.addinivalue_line("markers", "slow: one of the longest tests; run with -m slow (CI does)")
+    if not config.option.markexpr:
+        config.option.markexpr = "not slow"

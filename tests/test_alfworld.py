@@ -190,6 +190,7 @@ def test_extract_action_ignores_text_around_tags():
     assert extract_action("Sure! <think>a</think> then <action>look</action> done") == ("look", "")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (REAL_DATA / "json_2.1.1" / "valid_seen").is_dir(), reason="real ALFWorld games not present")
 def test_expert_on_real_valid_seen_games():
     """On ALFWorld's own games (first two of each task type in sorted path order, 50 steps)

@@ -75,6 +75,7 @@ def test_warm_started_checkpoint_loads_in_plain_peft_on_the_plain_base(tmp_path)
     assert json.loads((ckpt / "adapter_config.json").read_text())["r"] == 6
 
 
+@pytest.mark.slow
 def test_smollm2_checkpoint_with_the_shipped_warm_start(tmp_path):
     """The embedded SmolLM2 with the shipped warm start: the saved checkpoint gives the same
     logits through eval/resume loading (exactly) and through plain peft on the GGUF base

@@ -125,6 +125,7 @@ def test_webshop_option_values_are_made_clickable_and_the_task_is_unchanged(tmp_
         assert metrics["success"] == 1.0 and metrics["invalid_rate"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_game_the_engine_cannot_load_is_one_error_naming_it(tmp_path):
     """A game whose files pass the checks but that the engine cannot play (an undefined object in
     its PDDL) stops train and eval with one line naming the game file, in-process and in a worker."""

@@ -60,6 +60,7 @@ def test_two_processes_take_the_one_process_step(tmp_path):
     assert stats["update/loss"] == pytest.approx(saved["stats"]["update/loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_train_py_under_torchrun_then_resumed_in_one_process(tmp_path):
     """`torchrun --nproc_per_node 2 train.py ...` runs 2 iterations with 2 processes (the log says
     so, and counts every process's episodes once), writes one log and one checkpoint; the run

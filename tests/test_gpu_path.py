@@ -35,6 +35,7 @@ BLOCK = ("import sys, importlib.abc\n"
          "sys.meta_path.insert(0, Block())\n")
 
 
+@pytest.mark.slow
 def test_the_device_check_dry_run_needs_nothing_the_gpu_machine_lacks(tmp_path):
     """python -m tools.device_check --model tiny --parts all with the WebShop, GGUF and ALFWorld packages
     unimportable: every part runs (today's on the 4-bit LoRA layers training uses; the next calls' on the bf16
@@ -242,6 +243,7 @@ print(peak_memory_gb() - base)
 """
 
 
+@pytest.mark.slow
 def test_the_prefill_memory_stays_flat_past_the_rollout_batch():
     """generate prefills every prompt of a call in one forward, so its memory grows with the batch; with
     --rollout-batch 32, 128 prompts take no more than 1.3x what 32 take (MLP-heavy model, the process's peak

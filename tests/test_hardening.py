@@ -169,6 +169,7 @@ def test_removing_the_lock_file_lets_no_second_writer_in(tmp_path):
 
 
 # ----------------------------------------------------------------------------- writes that fail
+@pytest.mark.slow
 def test_eval_refuses_an_output_it_cannot_write_before_playing(tmp_path):
     (tmp_path / "afile").write_text("")
     (tmp_path / "afolder").mkdir()
@@ -272,6 +273,7 @@ def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_pat
     assert "sampling distribution is not finite" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_plays_its_own_history_steps_and_tokens(tmp_path):
     """eval.py --checkpoint RUN plays the run's own --history, --max-steps and --max-new-tokens (it played
     history 2, 15 steps and 256 tokens for a run trained with 1, 2 and 8), says so, and a flag given wins."""
@@ -386,6 +388,7 @@ def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
         checkpoint.checkpoint_adapters(checkpoint.find_checkpoint(run))
 
 
+@pytest.mark.slow
 def test_a_non_ascii_run_folder_under_the_c_locale(tmp_path):
     """LC_ALL=C (ASCII, no UTF-8 coercion), a run folder named données and a sampled response that is not
     ASCII: the run, its resume and its plots work (UnicodeEncodeError tracebacks in checkpoint.py and in
@@ -576,6 +579,7 @@ def test_an_unreadable_webshop_file_is_one_line(tmp_path, monkeypatch):
         WebShopEnv(data_dir=root)
 
 
+@pytest.mark.slow
 def test_eval_never_replaces_the_run_s_own_evaluation(tmp_path):
     """eval.py --checkpoint RUN after the run's in-loop evaluation of the same iteration leaves that
     record byte-identical and writes its own beside it; a second eval.py writes a third file; --out

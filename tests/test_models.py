@@ -30,6 +30,7 @@ def test_embedded_smollm2_plays_a_short_episode():
             assert 1 <= len(step.response_ids) <= 24 and step.prompt_ids
 
 
+@pytest.mark.slow
 def test_the_embedded_model_folder_holds_the_gguf_weights_and_tokenizer(tmp_path, monkeypatch):
     """The folder made once from the GGUF file loads to the very weights, config and tokenizer that
     reading the GGUF gives; it is made whole (no partial folder left) and then only read."""

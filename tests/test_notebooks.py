@@ -31,6 +31,7 @@ def test_committed_with_portable_outputs(name):
     assert notebooks.portable_problems(nb) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name):
     """Every cell executes without error (nbclient raises on the first failing cell), every code cell

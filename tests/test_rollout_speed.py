@@ -78,6 +78,7 @@ def test_the_cached_prefill_samples_what_the_plain_one_does(batch):
     assert len({tuple(s[1]) for s in sampled["plain"][:3]}) > 1  # the group's rows sampled apart: not vacuous
 
 
+@pytest.mark.slow
 def test_a_greedy_rollout_of_the_demo_s_games_takes_the_same_actions_both_ways():
     """The embedded model with the demo's warm start, greedy, on 2 of the shipped games, 2 episodes each, 3
     turns: every episode's actions are the same with the shared-prefix prefill as without it."""

@@ -372,6 +372,7 @@ TINY_RUN = ["train.py", "--model", "tiny", "--preset", "none", "--env", "webshop
             "--eval-every", "0", "--hindsight", "expert", "--output-dir"]
 
 
+@pytest.mark.slow
 def test_an_output_that_closes_or_fills_is_a_stop_and_the_run_resumes(tmp_path):
     """train.py | head -1: the first write after the reader left stops the run as SIGTERM would (exit 141, one
     line naming the checkpoint kept, no traceback); > /dev/full: exit 74, the same. Either run resumes."""

@@ -369,6 +369,7 @@ def test_action_only_gaps_count_their_fallbacks_and_rlsd_refuses_the_flag(tmp_pa
         _args(tmp_path / "r", gap_tokens="action", algo="rlsd")
 
 
+@pytest.mark.slow
 def test_the_watch_preset_runs_and_its_lines_carry_the_curve_and_the_label(tmp_path):
     """--preset cpu-watch, on the tiny model for two iterations: it plays every one of its 4 games each
     iteration (task_wins), says at start that its success is on the games it trains on, prints each

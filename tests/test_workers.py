@@ -4,6 +4,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from envs.make import make_env, resolve_workers
 from envs.alfworld import AlfWorldEnv
 from envs.webshop import WebShopEnv
@@ -81,6 +83,7 @@ def test_worker_counts_and_webshop_in_process():
     assert isinstance(make_env("webshop", workers=4), WebShopEnv)
 
 
+@pytest.mark.slow
 def test_a_frozen_worker_is_found_in_20_seconds_at_the_defaults():
     """SIGSTOP one worker mid-episode, with the default --env-timeout (600 s): its heartbeats stop, and it
     counts as crashed after 20 s of silence (it took the whole 600 s before), the other worker goes on."""
@@ -103,6 +106,7 @@ def test_a_frozen_worker_is_found_in_20_seconds_at_the_defaults():
         env.close()
 
 
+@pytest.mark.slow
 def test_heartbeats_keep_coming_on_a_loaded_machine():
     """No false alarm: with both cores busy, a working worker's beats (every 2 s) never fall silent for
     anything near the 20 s that marks it frozen (measured: the largest gap between beats)."""
