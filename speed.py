@@ -56,28 +56,29 @@ class FastPath:
         whose input to the first trained layer the student pass kept start there (kept_input)."""
         device = model.get_input_embeddings().weight.device
         batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
-        batch["kept"] = self.kept_input(model, rows, batch["input_ids"].shape[1])  # (b, L, H) or None
+        batch["kept"] = self.kept_input(model, rows, batch["input_ids"].shape[1], device)
         return response_logprobs(model, batch, temperature=temperature).float()  # (b, t)
 
     def keep(self, row: Row, states: torch.Tensor) -> None:
         """Keep a row's input to the first trained layer (len, H), on the CPU, while all kept stay
-        within KEEP_BYTES (a row beyond it takes the whole pass)."""
+        within KEEP_BYTES (a row beyond it takes the whole pass). A copy: the micro-batch's padded
+        states are not held through it, and its bytes are what it counts."""
         held = sum(h.nbytes for _, h in self.kept.values())
         if held + states.nbytes <= KEEP_BYTES:
-            self.kept[id(row)] = (row, states.cpu())
+            self.kept[id(row)] = (row, states.to("cpu", copy=True))
 
-    def kept_input(self, model, rows: list[Row], L: int) -> torch.Tensor | None:
-        """The rows' kept inputs to the first layer that trains, right-padded with zeros to L: (b, L, H),
-        or None unless every row has one. The layers below it hold no trained weight, so these are
-        what a pass over those layers would compute now, to float rounding."""
-        if not rows or not all(id(row) in self.kept for row in rows) or first_trained_layer(model) == 0:
+    def kept_input(self, model, rows: list[Row], L: int, device) -> tuple[int, torch.Tensor] | None:
+        """(the first layer that trains, the rows' kept inputs to it right-padded with zeros to L:
+        (b, L, H) on `device`), or None unless every row has one. The layers below it hold no trained
+        weight, so these are what a pass over those layers would compute now, to float rounding."""
+        first = first_trained_layer(model)
+        if not rows or first == 0 or not all(id(row) in self.kept for row in rows):
             return None
-        device = model.get_input_embeddings().weight.device
         states = [self.kept[id(row)][1] for row in rows]  # (len, H) each
         out = states[0].new_zeros(len(rows), L, states[0].shape[-1])  # (b, L, H)
         for b, h in enumerate(states):
             out[b, : h.shape[0]] = h
-        return out.to(device)
+        return first, out.to(device)
 
     def rows_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
                       only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
@@ -266,14 +267,15 @@ def response_logprobs(
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, L), (B, L)
     start, length = batch["response_start"], batch["response_len"]  # (B,), (B,)
-    decoder, kept = model.get_decoder(), batch.get("kept")  # kept: (B, L, H) or None (FastPath.kept_input)
+    decoder, kept = model.get_decoder(), batch.get("kept")  # (first layer, (B, L, H)) or None: kept_input
     with autocast(model):
         if kept is None:
             hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
                              use_cache=False).last_hidden_state  # (B, L, H) nothing decodes after
         else:  # start at the first trained layer, from the kept inputs
-            with layers_from(decoder, first_trained_layer(model)):
-                hidden = decoder(inputs_embeds=kept, attention_mask=attention_mask,
+            first, states = kept
+            with layers_from(decoder, first):
+                hidden = decoder(inputs_embeds=states, attention_mask=attention_mask,
                                  use_cache=False).last_hidden_state  # (B, L, H)
     h, targets = response_states(hidden, input_ids, start, int(length.max()))  # (B, T, H), (B, T)
     return head_logprobs(model, h, targets, length, temperature, max_logit_elems)  # (B, T)

@@ -193,11 +193,11 @@ def test_the_update_starting_at_the_first_trained_layer_computes_the_whole_pass(
 
     started, grads = pass_and_grads(fast, rows[:2])
     L = max(len(r.input_ids) for r in rows)
-    assert fast.kept_input(model, rows[:2], L) is not None  # the kept inputs were used
+    assert fast.kept_input(model, rows[:2], L, "cpu") is not None  # the kept inputs were used
     whole, whole_grads = pass_and_grads(FastPath(tok.pad_token_id, 2), rows[:2])
     assert torch.allclose(started, whole, atol=1e-5, rtol=0), (started - whole).abs().max()
     assert all(torch.allclose(g, w, atol=1e-5, rtol=0) for g, w in zip(grads, whole_grads))
-    assert fast.kept_input(model, rows, L) is None  # the third row was not kept: the whole pass
+    assert fast.kept_input(model, rows, L, "cpu") is None  # the third row was not kept: the whole pass
     with torch.no_grad():  # the test can fail: other inputs at that layer give other log-probs
         kept = fast.kept[id(rows[0])][1]
         kept.mul_(1.5)

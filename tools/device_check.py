@@ -373,9 +373,11 @@ def write_json(path: Path | None, found: dict) -> None:
 
 # ----------------------------------------------------------------------------- the carry
 def checkpointing(model) -> bool:
-    """Whether the model recomputes activations in the backward (transformers 5.24's name, or the older one)."""
-    return bool(getattr(model, "is_activation_checkpointing", None) if hasattr(model, "is_activation_checkpointing")
-                else getattr(model, "is_gradient_checkpointing", False))
+    """Whether the model recomputes activations in the backward (transformers 5.24's name, or the older one:
+    infra/models.checkpoint_activations sets it by either)."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def slim_bitsandbytes(folder: Path) -> Path:
