@@ -159,7 +159,9 @@ class SHARPO:
 
     mixes = True  # Ahat = A * ((1 - lam) + lam * m); False: Ahat = A, and no multiplier is logged
     shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)
+    per_token = False  # True: one multiplier a token, not a segment gap (RLSD's)
     reads_every_row = False  # a loss term of its own reads rows whose Ahat is 0 (SDAR's)
+    verl = True  # the verl bridge computes its Ahat from mixes, shape and per_token alone
 
     def uses_teacher(self, args) -> bool:
         """Whether the teacher pass runs: only where the multiplier can change Ahat (lam > 0)."""

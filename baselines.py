@@ -67,6 +67,8 @@ def rlsd_token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_st
 class RLSD(SHARPO):
     """--algo rlsd: SHARPO with one multiplier a token (Eq. 8)."""
 
+    per_token = True
+
     def credit(self, adv: Advantages, logp, rows, args) -> Credit:
         gaps = segment_gap(logp.teacher, logp.student, rows.response_mask, rows.gap_mask)  # (B,) logged
         token_adv, m = rlsd_token_advantages(adv.row, logp.teacher, logp.student, rows.response_mask,
@@ -138,6 +140,7 @@ class SDAR(GRPO):
     hindsight (so those rows keep their student and teacher passes)."""
 
     reads_every_row = True
+    verl = False  # a loss term of its own
 
     def uses_teacher(self, args) -> bool:
         return True
@@ -219,6 +222,8 @@ class StepAdvantages(Advantages):
 
 class GiGPO(GRPO):
     """--algo gigpo: Ahat = A_i + omega * A_step from the step groups (Eq. 11-13); no teacher."""
+
+    verl = False  # step groups (verl-agent has its own GiGPO)
 
     def advantages(self, rewards: torch.Tensor, groups: torch.Tensor, rows, args) -> Advantages:
         std = args.gigpo_norm == "std"  # `mean`: R - mean in both halves

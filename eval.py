@@ -46,7 +46,7 @@ import torch
 from envs import ENVS
 from envs.answer import history_length, history_problems
 from envs.make import make_env, resolve_workers
-from flags import MethodArgs
+from flags import MethodArgs, RunArgs
 from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
                               load_checkpoint_policy, read_config, read_json, run_dir_of,
                               write_atomic)
@@ -61,7 +61,7 @@ class EvalArgs:
     """Command-line flags of eval.py."""
 
     env: choice_of(ENVS) | None = None
-    """which environment (envs.ENVS); default: a --checkpoint's own, else alfworld"""
+    """which environment (envs.ENVS); default: a --checkpoint's own, else train.py's"""
     policy: Literal["expert", "random", "model"] = "expert"
     """who plays"""
     split: str | None = None
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
         if played:
             print(f"playing as {run_dir_of(ckpt)} trained: " + ", ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in played.items()))
-    args.env = args.env or "alfworld"
+    args.env = args.env or MethodArgs.env
     for key, default in PLAYED_AS_TRAINED.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
@@ -376,7 +376,7 @@ def check_trained_data(ckpt: Path, env, data_dir: str | None) -> None:
     is one line, before any game; a --data-dir on the command line evaluates other data on
     purpose."""
     recorded = read_json(ckpt / STATE, "the checkpoint's iteration").get("data")
-    now = getattr(env, "data_digest", lambda: None)()
+    now = env.data_digest()
     if isinstance(recorded, str) and now == recorded:
         return
     if data_dir is not None and not Path(data_dir).is_absolute():
@@ -448,7 +448,7 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
         model, tokenizer = load_checkpoint_policy(ckpt)
     else:
         model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter,
-                                       dtype=args.dtype)
+                                       dtype=args.dtype, lora_r=RunArgs.lora_r, lora_alpha=RunArgs.lora_alpha)
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

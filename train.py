@@ -92,7 +92,8 @@ class Trainer:
             self.actor = vllm_policy(model, tokenizer, args)
         # [run] a resume's iteration, optimizer and random states (a new run: iteration 0)
         self.iteration_done, self.warmstart, self.data = resume_state(
-            ckpt, self.optimizer, self.rng, self.env, args.init_adapter, args.seed, self.dist.rank)
+            ckpt, self.optimizer, self.rng, self.env.data_digest(), args.init_adapter, args.seed,
+            self.dist.rank)
 
     def iteration(self) -> tuple[dict, list[dict]]:
         """One iteration: (metrics line, sample trajectories)."""

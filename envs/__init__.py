@@ -1,40 +1,21 @@
-"""Text environments: the batched interface every env implements.
+"""Text environments: `Env`, the batched interface every env implements, and ENVS, their table.
 
-An env holds a batch of independent episodes. `reset(task_ids)` starts one episode per id
-(repeats allowed: a group is G copies of one task) and returns one `EnvStep` each;
-`step(responses)` takes one raw model response per episode (None for an episode that is
-already done), parses and plays it, and returns one `EnvStep` per episode (None for done
-ones). Step rewards already include 10 * won and -0.1 per invalid action, so an episode's
-reward R_i (METHOD.md section 1) is the sum of its step rewards.
-
-The answer format is the verl-agent convention: reasoning in <think>...</think>, then exactly
-one <action>...</action> (envs/answer.py checks the tags and builds the prompt). An answer that
-breaks it, or names an action the env does not admit, is an invalid action: not played, the state
-unchanged, 0.1 subtracted from the reward.
-
-Interface (duck-typed; see envs/alfworld.py):
-    Env.name, .splits, .default_eval_split, .default_max_steps   class attributes, read before
-                                                                 an env is built (flags/parse.py)
-    env.max_steps
-    env.tasks(split) -> list[str]                    task ids of a split, sorted
-    env.task_type(task_id) -> str
-    env.reset(task_ids) -> list[EnvStep]
-    env.step(responses: list[str | None]) -> list[EnvStep | None]
-    env.expert_plan(task_id) -> list[str]            the expert's actions from the start state
-    env.build_messages(state, history, history_len) -> list[dict]   the policy's chat context
-    env.close()
-An env is one file and one line in ENVS below; envs/make.py builds one by name.
+An episode's reward R_i (METHOD.md section 1) is the sum of its step rewards: 10 at the step that
+wins, -0.1 for each invalid action. The prompt asks for reasoning in <think>...</think>, then one
+<action>...</action>: a valid answer holds a think block and exactly one action block (their order
+is not checked: envs/answer.py) naming an action the env admits. An invalid one is not played:
+the state stays, and 0.1 is subtracted.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
+from errors import UserError
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
-# --env's choices: name -> its class, or "module:Class" to import it only when asked for
-ENVS = {"alfworld": "envs.alfworld:AlfWorldEnv", "webshop": "envs.webshop:WebShopEnv"}
 
 
 @dataclass
@@ -52,3 +33,92 @@ class EnvStep:
     expert_action: str | None  # what the env's expert would do next, None when it has no advice
     action: str | None = None  # the action played this step (None after reset, or invalid)
     info: dict = field(default_factory=dict)  # env extras (e.g. WebShop's raw score)
+
+
+class Env(ABC):
+    """A batch of independent episodes. Its class attributes are read before one is built (the
+    flags' checks, the memory plan); `__init__` sets the bookkeeping the loop reads."""
+
+    name: str  # its name in ENVS: --env
+    splits: tuple[str, ...]  # --split and --eval-split take one of these
+    default_eval_split: str  # the held-out split an evaluation plays by default
+    default_max_steps: int  # an episode's steps when --max-steps is 0
+    prompt_tokens: int  # its longest prompt at --history 2, for the GPU memory plan
+    # (the attributes above have no default: a class without one is refused, check_env)
+    data_variable: str | None = None  # the environment variable naming its data folder
+    real_data: str | None = None  # how to get the data the GPU presets need; None: it needs none
+    held_out_split: str | None = None  # games no shipped warm start saw (tools/credit.py)
+    expert_thought: str = "The next step is to {action}."  # an expert answer's (tools/warmstart.py)
+    in_workers: bool = False  # its episodes may run in processes (envs/workers.py): a slow engine
+
+    def __init__(self, data_dir: str | None = None, max_steps: int = 0):  # data_dir: --data-dir
+        self.max_steps = max_steps or self.default_max_steps
+        self.seconds = {"reset": 0.0, "step": 0.0}  # wall time in reset and step, summed
+        self.counts = {"reset": 0, "step": 0}  # episodes reset, steps played
+        self.crashes = 0  # episodes ended by a crashed worker process (envs/workers.py)
+
+    @abstractmethod
+    def tasks(self, split: str) -> list[str]:
+        """The task ids of a split, sorted."""
+
+    @abstractmethod
+    def task_type(self, task_id: str) -> str:
+        """e.g. "pick_and_place_simple": success is logged per type."""
+
+    @abstractmethod
+    def expert_plan(self, task_id: str) -> list[str]:
+        """The expert's actions from the start state (--hindsight expert)."""
+
+    @abstractmethod
+    def reset(self, task_ids: list[str]) -> list[EnvStep]:
+        """One new episode per id (a group: G copies of one task)."""
+
+    @abstractmethod
+    def step(self, responses: list[str | None]) -> list[EnvStep | None]:
+        """Plays one raw model response per episode; None for a done one, which gets None."""
+
+    @abstractmethod
+    def build_messages(self, state: EnvStep, history: list[tuple[str, str]],
+                       history_len: int | None) -> list[dict]:
+        """The policy's chat context: the last history_len (None: all) of the earlier
+        (observation, action) pairs, oldest first, then `state`."""
+
+    @abstractmethod
+    def valid(self, state: EnvStep, text: str) -> bool:
+        """Whether step() would play the answer `text` in `state`."""
+
+    def data_digest(self) -> str | None:
+        """Its tasks in a hash: a resume checks it plays the data it began on (None: nothing to check)."""
+        return None
+
+    def planner_plans(self, task_id: str, actions: list[str]) -> list[list[str] | None] | None:
+        """A planner's shortest plan from the start and after each action (None: it has none)."""
+        return None
+
+    def close(self) -> None:
+        """Release what it holds (engines, processes)."""
+
+
+def check_env(name: str, cls) -> None:
+    """One line (UserError) naming what a class registered as env `name` lacks of `Env`."""
+    missing = ["envs.Env as its base class"]
+    if isinstance(cls, type) and issubclass(cls, Env):
+        missing = [f"{m}()" for m in sorted(cls.__abstractmethods__)] + \
+            [a for a in Env.__annotations__ if not hasattr(cls, a)]
+    if missing:
+        raise UserError(f"env {name!r} ({getattr(cls, '__name__', cls)!r}) is not a whole env: "
+                        f"it lacks {', '.join(missing)} (envs.Env is the interface)")
+
+
+class EnvTable(dict):
+    """name -> an Env subclass, checked as it is registered; or "module:Class", imported and
+    checked when first asked for (envs/make.py)."""
+
+    def __setitem__(self, name: str, entry) -> None:
+        if not isinstance(entry, str):
+            check_env(name, entry)
+        super().__setitem__(name, entry)
+
+
+# --env's choices: a new env is a subclass of Env in one file, and one line here
+ENVS = EnvTable({"alfworld": "envs.alfworld:AlfWorldEnv", "webshop": "envs.webshop:WebShopEnv"})

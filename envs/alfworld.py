@@ -24,7 +24,7 @@ import re
 import time
 from pathlib import Path
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, WIN_REWARD, Env, EnvStep, check_responses, extract_action, step_prompt
 from errors import DataError, UserError
 
 SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data" / "alfworld"
@@ -269,29 +269,29 @@ def build_messages(
 
 
 # ----------------------------------------------------------------------------- batched env
-class AlfWorldEnv:
-    """A batch of independent ALFWorld episodes on the real engine (see envs/__init__.py)."""
+class AlfWorldEnv(Env):
+    """A batch of independent ALFWorld episodes on the real engine (envs.Env is the interface)."""
 
     name = "alfworld"
     splits = SPLITS
     default_eval_split = "valid_unseen"
     default_max_steps = 50  # verl-agent's
+    prompt_tokens = 780  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
     data_variable = "ALFWORLD_DATA"  # the data folder when --data-dir is not given
     real_data = ("on a connected machine, pip install alfworld==0.4.2 and run alfworld-download, then set "
                  "ALFWORLD_DATA (or --data-dir) to the folder that holds json_2.1.1")
-    prompt_tokens = 780  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
-    in_workers = True  # its episodes may run in worker processes (envs/workers.py): the engine is slow
+    held_out_split = "valid_seen"  # the shipped games' 12 that no warm start saw
+    expert_thought = "My task is to {task}. The next step is to {action}."
+    in_workers = True  # the engine is slow: episodes may run in worker processes (envs/workers.py)
 
     def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 0):
         check_engine()
+        super().__init__(data_dir, max_steps)
         self.root = resolve_data_dir(data_dir)
-        self.max_steps = max_steps or self.default_max_steps
         self._engines: dict[str, list] = {}  # gamefile -> idle engines, reused across resets
         self._episodes: list[dict] = []
         self._plans: dict[str, list[str]] = {}
         self._types: dict[str, str] = {}
-        self.seconds = {"reset": 0.0, "step": 0.0}  # engine time, summed
-        self.counts = {"reset": 0, "step": 0}  # engine calls
 
     # -- tasks
     def tasks(self, split: str) -> list[str]:
@@ -327,11 +327,14 @@ class AlfWorldEnv:
             self._plans[task_id] = walkthrough or expert_walkthrough(self.gamefile(task_id), self.max_steps)[0]
         return self._plans[task_id]
 
+    def planner_plans(self, task_id: str, actions: list[str]) -> list[list[str] | None]:
+        """The PDDL planner's shortest plan from the start state and after each action (planner_plans)."""
+        return planner_plans(self.gamefile(task_id), actions)
+
     def build_messages(self, state: EnvStep, history: list[tuple[str, str]], history_len: int | None) -> list[dict]:
         return build_messages(state.task, history, state.observation, state.admissible, history_len)
 
     def valid(self, state: EnvStep, text: str) -> bool:
-        """Whether `text`, answered in `state`, is a valid action (what step() would not penalize)."""
         return parse_action(text, state.admissible)[0] is not None
 
     # -- episodes

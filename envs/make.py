@@ -7,26 +7,29 @@ from __future__ import annotations
 import importlib
 import os
 
-from envs import ENVS
+from envs import ENVS, check_env
 from envs.workers import WorkerEnv
 from errors import UserError
 
 
 def env_class(name: str) -> type:
-    """The env class ENVS names (its module imported now, not before); a name it does not hold, or
-    a package the env needs and does not find, is one line that says what to do."""
+    """The env class ENVS names (its module imported now, not before); a name it does not hold, a
+    package the env needs and does not find, or a class that is not a whole `envs.Env`, is one line
+    that says what to do."""
     entry = ENVS.get(name)
     if entry is None:
         raise UserError(f"--env {name!r} is no environment of this project: choose one of "
                         f"{', '.join(ENVS)}")
-    if not isinstance(entry, str):  # registered as a class
-        return entry
-    module, cls = entry.split(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ModuleNotFoundError as err:
-        raise UserError(f"--env {name} needs the {err.name} package, which is not installed: "
-                        "pip install -r requirements.txt (or bash install.sh)") from None
+    cls = entry
+    if isinstance(entry, str):  # "module:Class": imported now
+        module, attr = entry.split(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as err:
+            raise UserError(f"--env {name} needs the {err.name} package, which is not installed: "
+                            "pip install -r requirements.txt (or bash install.sh)") from None
+    check_env(name, cls)
+    return cls
 
 
 def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, timeout: float = 600.0):
@@ -34,7 +37,7 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, tim
     of an env that allows it (`in_workers`: ALFWorld) in that many processes (envs/workers.py),
     each given `timeout` seconds to answer a reset or step; the others play in this process."""
     cls = env_class(name)
-    if workers > 1 and getattr(cls, "in_workers", False):
+    if workers > 1 and cls.in_workers:
         return WorkerEnv(cls, workers, timeout=timeout, data_dir=data_dir, max_steps=max_steps)
     return cls(data_dir=data_dir, max_steps=max_steps)
 
@@ -50,8 +53,9 @@ def training_tasks(env, split: str, max_plan_len: int = 0) -> list[str]:
     """The task ids of `split`; max_plan_len > 0 keeps those whose expert plan is no longer."""
     tasks = env.tasks(split)
     if not tasks:  # before any lock is taken or loop starts: a draw from nothing never ends
-        raise UserError(f"the {split} split of {env.name}'s data holds no task: check --data-dir "
-                        f"(or ${env.name.upper()}_DATA), or choose another --split")
+        where = f" (or ${env.data_variable})" if env.data_variable else ""
+        raise UserError(f"the {split} split of {env.name}'s data holds no task: check --data-dir{where}, "
+                        "or choose another --split")
     if max_plan_len > 0:
         tasks = [t for t in tasks if len(env.expert_plan(t)) <= max_plan_len]
         if not tasks:

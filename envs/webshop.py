@@ -43,7 +43,7 @@ from pathlib import Path
 import bm25s
 import Stemmer
 
-from envs import INVALID_PENALTY, WIN_REWARD, EnvStep, check_responses, extract_action, step_prompt
+from envs import INVALID_PENALTY, WIN_REWARD, Env, EnvStep, check_responses, extract_action, step_prompt
 from envs.webshop_reward import LUCENE_STOPWORDS, goal_option_list, option_match, purchase_score
 from errors import DataError
 
@@ -313,17 +313,18 @@ def parse_action(text: str, clickables: list[str]) -> tuple[str | None, str]:
 
 
 # ----------------------------------------------------------------------------- the env
-class WebShopEnv:
-    """A batch of independent WebShop episodes (see envs/__init__.py for the interface)."""
+class WebShopEnv(Env):
+    """A batch of independent WebShop episodes (envs.Env is the interface)."""
 
     name = "webshop"
     splits = SPLITS
     default_eval_split = "test"
     default_max_steps = 15
+    prompt_tokens = 900  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
     data_variable = "WEBSHOP_DATA"  # the data folder when --data-dir is not given
     real_data = ("fetch upstream WebShop's items_shuffle.json, items_ins_v2.json and items_human_ins.json (its "
                  "setup.sh), then set WEBSHOP_DATA (or --data-dir) to their folder")
-    prompt_tokens = 900  # the longest prompt at --history 2, for the memory plan (docs/scaling.md)
+    held_out_split = "test"  # the goals the shipped warm start was not cloned on
     in_workers = False  # a step takes ~0.05 ms: it runs in-process
 
     def __init__(self, data_dir: str | os.PathLike | None = None, max_steps: int = 0, seed: int = 0):
@@ -341,10 +342,8 @@ class WebShopEnv:
             raise DataError(f"{root}: no goal has instruction_attributes; nothing to train or test on")
         self.goal_splits = split_goals(self.goals)
         self.engine = SearchEngine(self.products)
-        self.max_steps = max_steps or self.default_max_steps
+        super().__init__(data_dir, max_steps)
         self._episodes: list[dict] = []
-        self.seconds = {"reset": 0.0, "step": 0.0}
-        self.counts = {"reset": 0, "step": 0}
 
     # -- tasks
     def data_digest(self) -> str:
@@ -509,7 +508,6 @@ class WebShopEnv:
         return build_messages(state.task, history, state.observation, state.admissible, history_len)
 
     def valid(self, state: EnvStep, text: str) -> bool:
-        """Whether `text`, answered in `state`, is a valid action (what step() would not penalize)."""
         clickables = [a[len("click[") : -1] for a in state.admissible if a.startswith("click[")]
         return parse_action(text, clickables)[0] is not None
 

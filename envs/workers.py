@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from envs import EnvStep, check_responses
+from envs import Env, EnvStep, check_responses
 from errors import DataError
 
 
@@ -90,15 +90,17 @@ def beating(send):
         thread.join()
 
 
-class WorkerEnv:
+class WorkerEnv(Env):
     """A batched env of class `env_class` (built with **kwargs) whose episodes run in `workers`
     processes (see the module docstring)."""
 
     def __init__(self, env_class: type, workers: int, timeout: float = 600.0, **kwargs):
+        self.local = env_class(**kwargs)  # answers everything but reset/step; plays no episode
+        for attr in Env.__annotations__:  # the class attributes of the interface: the env's own
+            setattr(self, attr, getattr(self.local, attr))
+        super().__init__(max_steps=self.local.max_steps)  # seconds: wall time seen from this process
         self.timeout = timeout  # seconds a worker may take to answer one reset or step (--env-timeout)
         self.silence = SILENCE_S  # seconds without a heartbeat that make a worker frozen
-        self.local = env_class(**kwargs)  # answers everything but reset/step; plays no episode
-        self.name, self.max_steps, self.default_eval_split = self.local.name, self.local.max_steps, self.local.default_eval_split
         self._env_class, self._kwargs, self.n = env_class, kwargs, workers
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no torch threads or model state forked
         self._procs: list = [None] * workers
@@ -108,10 +110,7 @@ class WorkerEnv:
         self._slices: list[range] = []
         self._task_ids: list[str] = []
         self._dead: set[int] = set()  # workers whose episodes ended in a crash (until the next reset)
-        self.seconds = {"reset": 0.0, "step": 0.0}  # wall time seen from this process
-        self.counts = {"reset": 0, "step": 0}
         self.worker_seconds = [{"reset": 0.0, "step": 0.0} for _ in range(workers)]
-        self.crashes = 0
 
     # -- what the in-process copy answers
     def tasks(self, split):
@@ -129,8 +128,8 @@ class WorkerEnv:
     def build_messages(self, state, history, history_len):
         return self.local.build_messages(state, history, history_len)
 
-    def gamefile(self, task_id):
-        return self.local.gamefile(task_id)
+    def planner_plans(self, task_id, actions):
+        return self.local.planner_plans(task_id, actions)
 
     def valid(self, state, text):
         return self.local.valid(state, text)
@@ -150,8 +149,8 @@ class WorkerEnv:
         self._procs[k], self._conns[k] = proc, parent
 
     def _crashed(self, k: int, why: str) -> None:
-        games = sorted({self.local.gamefile(self._task_ids[j]) for j in self._slices[k]})
-        print(f"warning: env worker {k} died ({why}) holding {', '.join(games)}; its episodes end as failed, "
+        tasks = sorted({self._task_ids[j] for j in self._slices[k]})
+        print(f"warning: env worker {k} died ({why}) holding the tasks {', '.join(tasks)}; its episodes end as failed, "
               "and the worker is started again", file=sys.stderr)
         self.crashes += 1
         self._dead.add(k)

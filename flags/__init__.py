@@ -241,7 +241,8 @@ CPU_DEMO_ENV_CHANGES = {  # each env's shipped warm start, for SmolLM2
 
 PRESETS = {name: {k: v for k, (v, _) in changes.items()} for name, changes in PRESET_CHANGES.items()}
 CPU_DEMO_PER_ENV = {env: {k: v for k, (v, _) in changes.items()} for env, changes in CPU_DEMO_ENV_CHANGES.items()}
-ALFWORLD_ONLY = {"cpu-learn": "data/alfworld-learn", "cpu-watch": "data/alfworld's"}  # presets -> the games they need
+GAMES_OF = {"cpu-learn": ("alfworld", "data/alfworld-learn"), "cpu-watch": ("alfworld", "data/alfworld's")}  # preset ->
+# the env and the games it is made for
 GPU_PRESETS = ("gpu", "course")  # presets that train on real data and refuse to start without it
 
 
@@ -254,8 +255,9 @@ def preset_defaults(preset: str, env: str) -> tuple[str, dict]:
     """(resolved preset name, the defaults it sets for this env)."""
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu-demo"
-    if preset in ALFWORLD_ONLY and env != "alfworld":
-        raise UserError(f"--preset {preset} is ALFWorld's (its games are {ALFWORLD_ONLY[preset]}); drop it for --env {env}")
+    if preset in GAMES_OF and env != GAMES_OF[preset][0]:
+        made_for, games = GAMES_OF[preset]
+        raise UserError(f"--preset {preset} is {made_for}'s (its games are {games}); drop it for --env {env}")
     return preset, {k: v for k, (v, _) in preset_changes(preset, env).items()}
 
 

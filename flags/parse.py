@@ -25,7 +25,7 @@ from flags import (GPU_PRESETS, LATER_FLAGS, MAX_EPISODES, MAX_NEW_TOKENS, MAX_O
 from infra import dashboard, memory
 from infra.cli import check_domains, given_flags, parse_dataclass
 from infra.config import ResumeRules, resume_args
-from infra.models import check_available, default_model_name
+from infra.models import check_available, default_load_in_4bit, default_model_name
 from infra.precision import auto_choice_line, resolve_dtype
 from vllm_rollout import missing as vllm_missing
 
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     given, asks_help = given_flags(TrainArgs, argv)  # rejects unknown flags and bad choices in one line
     if "resume" in given and not asks_help:  # (an empty --resume is refused by the parse itself)
         return resume_args(TrainArgs, given, RESUME_RULES)
-    preset, defaults = preset_defaults(given.get("preset", "auto"), given.get("env", "alfworld"))
+    preset, defaults = preset_defaults(given.get("preset", TrainArgs.preset), given.get("env", TrainArgs.env))
     args = parse_dataclass(TrainArgs, argv, description, defaults)  # --help: printed, with these defaults
     args.preset = preset
     if "init_adapter" in defaults and "init_adapter" not in given and args.model != defaults.get("model"):
@@ -53,23 +53,18 @@ def resolve_defaults(args: TrainArgs) -> None:
     if args.model is None:
         args.model = default_model_name()
     if args.load_in_4bit is None:
-        args.load_in_4bit = cuda and args.model not in ("tiny", "smollm2") and args.init_adapter is None
+        args.load_in_4bit = default_load_in_4bit(args.model, "cuda" if cuda else "cpu", args.init_adapter)
     if args.gradient_checkpointing is None:
         args.gradient_checkpointing = cuda
     args.dtype = resolve_dtype(args.dtype, "cuda" if cuda else "cpu", args.model)  # config.json says which ran
     if args.output_dir is None:
         args.output_dir = (f"runs/{args.env}-{args.algo}" + (f"-{args.preset}" if args.preset.startswith("cpu-") else "")
                            + ("-shuffled" if args.shuffle_rewards else ""))  # a placebo beside its run
-    variable = data_variable(args.env)
-    if args.data_dir is None and os.environ.get(variable):  # config.json says which data it played
+    variable = env_class(args.env).data_variable
+    if args.data_dir is None and variable and os.environ.get(variable):  # config.json says which data it played
         args.data_dir = os.environ[variable]
     if args.data_dir is not None:  # absolute: the same folder for every later reader, from any working folder
         args.data_dir = str(Path(args.data_dir).expanduser().resolve())
-
-
-def data_variable(env: str) -> str:
-    """The environment variable that names an env's data folder ($ALFWORLD_DATA, $WEBSHOP_DATA)."""
-    return getattr(env_class(env), "data_variable", f"{env.upper()}_DATA")
 
 
 def resumed_values(given: dict, saved: dict) -> dict:
@@ -89,8 +84,8 @@ def check_resumed(args: TrainArgs) -> None:
     """A resumed run's flags pass a new run's checks, and it plays the data it trained on: the folder
     config.json recorded (--data-dir, or the $ALFWORLD_DATA / $WEBSHOP_DATA it was started with), or
     the shipped data when it recorded none."""
-    variable = data_variable(args.env)
-    now = os.environ.get(variable)
+    variable = env_class(args.env).data_variable
+    now = os.environ.get(variable) if variable else None
     if args.data_dir is None and now:
         raise UserError(f"the run trained on the shipped {args.env} data, and ${variable} is set now "
                         f"({now}): unset it to continue the run, or start a new run on that data")
@@ -143,9 +138,10 @@ def check(args: TrainArgs) -> None:
             problems.append(f"{flag} for {args.env} must be one of {', '.join(splits)}; got {split!r}")
     if missing := dashboard.missing_package(args.report_to):
         problems.append(missing)
-    if args.algo == "rlsd" and args.gap_tokens != "all":
-        problems.append("--gap-tokens action is for the algorithms with a segment gap: RLSD's multiplier is per token "
-                        "and reads no gap; drop the flag for --algo rlsd")
+    algorithm = ALGORITHMS.get(args.algo)
+    if algorithm is not None and algorithm.per_token and args.gap_tokens != "all":
+        problems.append(f"--gap-tokens action is for the algorithms with a segment gap: {args.algo}'s multiplier is per "
+                        f"token and reads no gap; drop the flag for --algo {args.algo}")
     if args.rollout == "vllm" and (problem := vllm_missing()):
         problems.append(problem)
     if not 0 < args.vllm_gpu_memory < 1:
@@ -157,10 +153,11 @@ def check(args: TrainArgs) -> None:
                         "tools/warmstart.py output folder, or none)")
     if args.load_in_4bit and args.model == "tiny":
         problems.append("--load-in-4bit: the tiny test model is built from its config and loads in float32 or bf16 only")
-    if args.preset in GPU_PRESETS and not args.demo_data and not args.data_dir and \
-            not os.environ.get(data_variable(args.env)):
+    env = env_class(args.env)
+    given_data = args.data_dir or (env.data_variable and os.environ.get(env.data_variable))
+    if args.preset in GPU_PRESETS and env.real_data and not args.demo_data and not given_data:
         problems.append(f"--preset {args.preset} trains on {args.env}'s real data, and none is given: "
-                        f"{env_class(args.env).real_data}; or pass --demo-data to train on the shipped demo games on purpose")
+                        f"{env.real_data}; or pass --demo-data to train on the shipped demo games on purpose")
     if problems:
         raise UserError("; ".join(problems))
     check_gpu(args)  # a GPU without bf16, or a setting it cannot hold: one line, before a model loads
@@ -207,8 +204,8 @@ def check_tasks(args: TrainArgs, env) -> None:
     have = len(env.tasks(split))
     if have < args.eval_games:
         short = f"the {split} split of {args.env}'s data holds {have} games, fewer than --eval-games {args.eval_games}"
-        if args.preset in GPU_PRESETS and not args.demo_data:
-            raise UserError(f"{short}: {env_class(args.env).real_data}; or lower --eval-games")
+        if args.preset in GPU_PRESETS and env.real_data and not args.demo_data:
+            raise UserError(f"{short}: {env.real_data}; or lower --eval-games")
         print(f"warning: {short}: each evaluation plays those {have}", file=sys.stderr)
 
 

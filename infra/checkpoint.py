@@ -773,14 +773,14 @@ def stream_seed(stream: str, seed: int, iteration: int, rank: int = 0) -> int:
     return seed * a + iteration + b * rank
 
 
-def resume_state(ckpt: Path | None, optimizer, task_rng: random.Random, env, init_adapter: str | None,
-                 seed: int, rank: int = 0):
+def resume_state(ckpt: Path | None, optimizer, task_rng: random.Random, data: str | None,
+                 init_adapter: str | None, seed: int, rank: int = 0):
     """What a training run carries beside its weights, as a resume restores it: (the iteration done, 0
-    for a new run; the warm start its checkpoints carry a copy of; the digest of its tasks). Resuming
-    from `ckpt`, the optimizer's state and the random states are loaded into `optimizer`, `task_rng`
-    and the global generators; on process rank > 0 ([distributed]) the global generator then draws
-    its own sampling stream (the same tasks, other samples)."""
-    data = getattr(env, "data_digest", lambda: None)()  # the tasks, in a hash
+    for a new run; the warm start its checkpoints carry a copy of; `data`, the digest of its tasks, or
+    None). Resuming from `ckpt`, the optimizer's state and the random states are loaded into `optimizer`,
+    `task_rng` and the global generators (a digest other than the one `ckpt` recorded is refused); on
+    process rank > 0 ([distributed]) the global generator then draws its own sampling stream (the same
+    tasks, other samples)."""
     warmstart = checkpoint_adapters(ckpt)[1] if ckpt is not None else Path(init_adapter) if init_adapter else None
     done = restore_training_state(ckpt, optimizer, task_rng, data) if ckpt is not None else 0
     if rank:

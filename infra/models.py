@@ -235,6 +235,12 @@ def default_model_name() -> str:
     return QWEN_DEFAULT if torch.cuda.is_available() else "smollm2"
 
 
+def default_load_in_4bit(name: str, device: str, init_adapter=None) -> bool:
+    """--load-in-4bit's default, the one rule: 4-bit nf4 for a Hugging Face model on CUDA, unless a warm
+    start is merged first (a merge needs full-precision weights); never for the embedded or tiny model."""
+    return device.startswith("cuda") and name not in ("tiny", "smollm2") and not init_adapter
+
+
 def load_tokenizer(name: str, announce=print):
     """The tokenizer of `name` ("tiny", "smollm2", a Hugging Face id or a local path), left-padding.
     announce: where the one-time conversion of the embedded model is said."""
@@ -282,8 +288,8 @@ def load_policy(
     device: str | None = None,
     dtype: str = "fp32",
     load_in_4bit: bool | None = None,
-    lora_r: int = 64,
-    lora_alpha: int = 64,
+    lora_r: int | None = None,
+    lora_alpha: int | None = None,
     lora_layers: int = 0,
     adapter: str | os.PathLike | None = None,
     init_adapter: str | os.PathLike | None = None,
@@ -291,7 +297,8 @@ def load_policy(
     seed: int = 0,
     announce=print,
 ):
-    """Load the policy: base model (4-bit on CUDA by default) with a LoRA adapter (new or saved).
+    """Load the policy: base model (4-bit by default_load_in_4bit) with a LoRA adapter: `adapter`, a
+    saved one, or a new one of rank lora_r and alpha lora_alpha (train.py's --lora-r, --lora-alpha).
 
     Returns (peft model, tokenizer). The adapter is trainable; `model.disable_adapter()`
     gives the reference model without a second copy. init_adapter: a LoRA adapter (e.g. the
@@ -307,7 +314,7 @@ def load_policy(
     dtype = resolve_dtype(dtype, device, name)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if load_in_4bit is None:
-        load_in_4bit = device.startswith("cuda") and name not in ("tiny", "smollm2")
+        load_in_4bit = default_load_in_4bit(name, device, init_adapter)
     if load_in_4bit and name == "tiny":
         raise UserError("the tiny test model is built from its config and cannot load in 4-bit: save it to a folder "
                         "(build_tiny_model(...).save_pretrained(DIR)) and pass that folder, or drop --load-in-4bit")
@@ -367,6 +374,8 @@ def load_policy(
         with torch.random.fork_rng(devices=[]):
             model = _load_adapter(base, adapter, name, is_trainable=True)
     else:
+        if lora_r is None or lora_alpha is None:
+            raise ValueError("load_policy makes a new adapter: pass lora_r and lora_alpha (train.py's --lora-r, --lora-alpha)")
         present = {n.rsplit(".", 1)[-1] for n, _ in base.named_modules()}
         targets = [t for t in LORA_TARGETS if t in present]
         config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM",

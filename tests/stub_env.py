@@ -1,18 +1,22 @@
 """A tiny scripted env for training tests: rewards depend on the sampled text, so groups differ."""
-from envs import EnvStep
+from envs import Env, EnvStep
 
 
-class StubEnv:
+class StubEnv(Env):
     """Two tasks, episodes of `max_steps` turns; a step pays 10 when the response text has an
     even number of characters (a coin flip for a random model), else 0, and ends the episode."""
 
     name = "stub"
+    splits = ("train", "test")
     default_eval_split = "test"
+    default_max_steps = 2
+    prompt_tokens = 64
 
     def __init__(self, max_steps: int = 2):
-        self.max_steps = max_steps
-        self.seconds = {"reset": 0.0, "step": 0.0}
-        self.counts = {"reset": 0, "step": 0}
+        super().__init__(max_steps=max_steps)
+
+    def valid(self, state, text):
+        return True
 
     def tasks(self, split):
         return ["task-a", "task-b"]

@@ -34,7 +34,7 @@ def test_the_learning_preset_plays_the_learning_set():
     assert args.init_adapter == str(train_flags.LEARN_WARMSTART) and args.output_dir == "runs/alfworld-sharpo-cpu-learn"
     assert (train_flags.DATA / "alfworld-learn" / "json_2.1.1" / "train").is_dir()
     assert (train_flags.LEARN_WARMSTART / "adapter_model.safetensors").is_file()
-    with pytest.raises(UserError, match="cpu-learn is ALFWorld's"):
+    with pytest.raises(UserError, match="cpu-learn is alfworld's"):
         train.parse_args(["--preset", "cpu-learn", "--env", "webshop"])
 
 

@@ -11,24 +11,19 @@ import eval as eval_script
 import train
 from advantage import SHARPO, Credit
 from baselines import ALGORITHMS
-from envs import ENVS, EnvStep
+from envs import ENVS, Env, EnvStep
 
 
-class CoinEnv:
-    """The whole env interface (envs/__init__.py) in a few lines: two tasks, an episode of at most
-    two turns, won by a response of an even number of characters (a coin flip for a random model)."""
+class CoinEnv(Env):
+    """An env written from envs.Env alone: what it requires (its class attributes without a default
+    and its abstract methods) and nothing more. Two tasks, an episode of at most two turns, won by a
+    response of an even number of characters (a coin flip for a random model); it needs no data."""
 
     name = "coin"
     splits = ("train", "test")
     default_eval_split = "test"
     default_max_steps = 2
-    data_variable = "COIN_DATA"
-    real_data = "the coin needs no data"
     prompt_tokens = 64
-
-    def __init__(self, data_dir=None, max_steps: int = 0):
-        self.max_steps = max_steps or self.default_max_steps
-        self.seconds, self.counts = {"reset": 0.0, "step": 0.0}, {"reset": 0, "step": 0}
 
     def tasks(self, split):
         return [f"{split}-heads", f"{split}-tails"]
@@ -59,8 +54,8 @@ class CoinEnv:
                                won, False, "flip it", "coin", "flip", action="flip"))
         return out
 
-    def close(self):
-        pass
+    def valid(self, state, text):
+        return True
 
 
 class HalvedSHARPO(SHARPO):
@@ -96,3 +91,50 @@ def test_a_name_no_registry_holds_is_one_line():
         train.parse_args(["--env", "kitchen", "--model", "tiny", "--preset", "none"])
     with pytest.raises(UserError, match="--algo 'ppo' is no algorithm of this project: choose one of sharpo"):
         train.parse_args(["--algo", "ppo", "--model", "tiny", "--preset", "none"])
+
+
+
+class PartialEnv(Env):
+    """An env written to a docstring, not to the class: no step(), no valid(), no prompt_tokens."""
+
+    name, splits, default_eval_split, default_max_steps = "partial", ("train",), "train", 2
+    tasks, task_type, expert_plan = CoinEnv.tasks, CoinEnv.task_type, CoinEnv.expert_plan
+    reset, build_messages = CoinEnv.reset, CoinEnv.build_messages
+
+
+def test_an_env_class_that_is_not_a_whole_env_is_refused_at_registration(monkeypatch):
+    """Registering a class that lacks a method or a required attribute of envs.Env (or does not subclass
+    it) is one line naming what it lacks, at the registration itself; a class registered by its
+    "module:Class" name is checked the same way when it is first asked for (--env)."""
+    from envs.make import env_class
+    from infra.cli import UserError
+
+    lacks = r"env 'partial' \('PartialEnv'\) is not a whole env: it lacks step\(\), valid\(\), prompt_tokens"
+    with pytest.raises(UserError, match=lacks):
+        ENVS["partial"] = PartialEnv
+    assert "partial" not in ENVS
+    with pytest.raises(UserError, match="lacks envs.Env as its base class"):
+        ENVS["duck"] = type("Duck", (), {"name": "duck"})
+    monkeypatch.setitem(ENVS, "partial", f"{__name__}:PartialEnv")  # by name: imported when asked for
+    with pytest.raises(UserError, match=lacks):
+        train.parse_args(["--env", "partial", "--model", "tiny", "--preset", "none"])
+    monkeypatch.setitem(ENVS, "coin", CoinEnv)  # a whole env registers
+    assert env_class("coin") is CoinEnv
+
+
+def test_a_gpu_preset_does_not_ask_a_data_free_env_for_data(monkeypatch):
+    """An env that needs no data (real_data None) passes the GPU presets' data check, which an env with
+    data (ALFWorld) fails without --data-dir or --demo-data."""
+    from flags.parse import check
+    from infra.cli import UserError
+
+    monkeypatch.setitem(ENVS, "coin", CoinEnv)
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    for env, needs in (("coin", False), ("alfworld", True)):
+        args = train.parse_args(["--env", env, "--model", "tiny", "--preset", "none"])
+        args.preset = "gpu"  # as --preset auto resolves on a GPU machine (the model check is the tiny one's)
+        if needs:
+            with pytest.raises(UserError, match="--preset gpu trains on alfworld's real data, and none is given"):
+                check(args)
+        else:
+            check(args)

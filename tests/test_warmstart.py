@@ -80,7 +80,7 @@ def test_webshop_rows_teach_valid_answers_that_fit_the_demo(webshop, smollm2_tok
     rewritten rows; every block is the teacher's, after the student's context."""
     tok = smollm2_tokenizer
     rows = expert_rows(webshop, tok, "train", history_length(CPU_DEMO_PER_ENV["webshop"]["history"]), 1, 0,
-                       "webshop", ("expert",))
+                       ("expert",))
     cap = CPU_DEMO_PER_ENV["webshop"]["max_new_tokens"]
     assert cap > PRESETS["cpu-demo"]["max_new_tokens"]  # the webshop demo's own cap is in force
     steps = sum(len(webshop.expert_plan(t)) for t in webshop.tasks("train"))
@@ -102,10 +102,9 @@ def test_webshop_reading_check_runs_on_the_tiny_model(webshop):
     valid rate by the env's own rule (a random-weight model writes no valid answer)."""
     from infra.models import load_policy
 
-    model, tok = load_policy("tiny", seed=0, dtype="fp32")
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=0, dtype="fp32")
     model.eval()
-    out = reading_check(model, tok, webshop, webshop.tasks("test")[:2], history_length("1"), steps_per_game=2,
-                        env_name="webshop")
+    out = reading_check(model, tok, webshop, webshop.tasks("test")[:2], history_length("1"), steps_per_game=2)
     assert out["games"] == 2 and out["states"] == 4
     assert out["on_plan"] != 0 and out["off_plan"] != 0 and out["valid_rate"] == 0.0
 

@@ -49,7 +49,7 @@ def test_a_dead_worker_ends_its_episodes_and_is_replaced(capsys):
         assert answers[2].info["env_crash"] and not answers[2].won and answers[2].reward == 0.0
         assert env.crashes == 1
         err = capsys.readouterr().err
-        assert "worker 1 died" in err and env.gamefile(tasks[1]) in err
+        assert "worker 1 died" in err and tasks[1] in err
         assert env.step(["<think>x</think><action>look</action>"] * 2 + [None, None])[2] is None
         states = env.reset([tasks[1]] * 4)  # the replacement worker plays the next batch
         assert len(states) == 4 and not any(s.done for s in states)

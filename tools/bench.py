@@ -73,9 +73,10 @@ import infra.models  # noqa: F401  first: it quiets two third-party notices befo
 import torch
 
 import train
-from envs import EnvStep
-from envs.make import make_env, resolve_workers
+from envs import ENVS, Env, EnvStep
+from envs.make import env_class, make_env, resolve_workers
 from eval import RandomPolicy
+from flags import PRESETS
 from infra import metrics
 from infra.cli import UserError, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
@@ -83,6 +84,9 @@ import rollout
 from speed import FastPath, collate_rows, prefix_clusters, response_logprobs, shared_prefix_generate
 from rollout import LogProbs
 from segments import length_batches
+
+
+TEACHER_COST = ("sharpo", "grpo")  # the pair whose time ratio is the teacher pass's cost: the same work but it
 
 
 @dataclass
@@ -97,9 +101,9 @@ class BenchArgs:
     new_tokens: int = 32  # forced response length per turn
     obs_words: int = 200  # words per observation (sets the context length)
     micro_batch_rows: int = 4  # rows per forward/backward
-    kl_coef: float = 0.0  # KL coefficient (0, the CPU demo's, skips the reference pass)
+    kl_coef: float = PRESETS["cpu-demo"]["kl_coef"]  # KL coefficient (the CPU demo's: 0 skips the reference pass)
     tied_groups: float = 0.5  # share of groups whose rewards all tie (A_i = 0: rows that can be skipped)
-    env: str = "synthetic"  # synthetic (model stages) | alfworld (--policy random: the env alone, 1 vs N workers)
+    env: str = "synthetic"  # synthetic (model stages) | an env of envs.ENVS that plays in workers (--policy random: its engine alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
     repeats: int = 1  # timed iterations per way and algorithm (alternating); the figures are their medians
@@ -111,17 +115,19 @@ class BenchArgs:
     out: str | None = None  # also write the figures as JSON here
 
 
-class SyntheticEnv:
+class SyntheticEnv(Env):
     """Fixed-length observations; every episode lasts `max_steps`; the first `tied` share of the
     groups of each batch all get reward 0, the others 10, 0, 10, 0, ... (spread)."""
 
     name = "synthetic"
+    splits = ("train", "test")
     default_eval_split = "test"
+    default_max_steps = 3
+    prompt_tokens = 780
 
     def __init__(self, max_steps: int, obs_words: int, group_size: int = 4, tied: float = 0.5):
-        self.max_steps, self.obs_words, self.group_size, self.tied = max_steps, obs_words, group_size, tied
-        self.seconds = {"reset": 0.0, "step": 0.0}
-        self.counts = {"reset": 0, "step": 0}
+        super().__init__(max_steps=max_steps)
+        self.obs_words, self.group_size, self.tied = obs_words, group_size, tied
 
     def tasks(self, split):
         return [f"task-{k}" for k in range(64)]
@@ -159,16 +165,16 @@ class SyntheticEnv:
                                done and self.final[i] > 0, False, "put a mug in coffeemachine", "synthetic", None, "look"))
         return out
 
-    def close(self):
-        pass
+    def valid(self, state, text):
+        return True
 
 
 def bench_env(args: BenchArgs) -> dict:
-    """Seconds per reset and per turn of the ALFWorld engine, in-process vs N workers."""
+    """Seconds per reset and per turn of --env's engine, in-process vs N workers."""
     n = resolve_workers(args.env_workers, args.episodes)
     results = {}
     for workers in (1, n):
-        env = make_env("alfworld", max_steps=args.steps, workers=workers)
+        env = make_env(args.env, max_steps=args.steps, workers=workers)
         tasks = env.tasks("train")
         task_ids = [tasks[(k // args.group_size) % len(tasks)] for k in range(args.episodes)]
         env.reset(task_ids)  # warm-up: engines are built once per game and episode slot, then pooled
@@ -187,7 +193,7 @@ def bench_env(args: BenchArgs) -> dict:
             turns += 1
         env.close()
         results[workers] = {"reset_s": reset_s, "turn_s": step_s / max(turns, 1), "turns": turns}
-    print(f"\nALFWorld engine, {args.episodes} episodes (random admissible actions), {args.steps} turns at most")
+    print(f"\n{args.env} engine, {args.episodes} episodes (random admissible actions), {args.steps} turns at most")
     print(f"  {'workers':>7s} {'reset (s)':>10s} {'per turn (s)':>13s}")
     for workers, r in results.items():
         print(f"  {workers:7d} {r['reset_s']:10.2f} {r['turn_s']:13.3f}")
@@ -402,8 +408,8 @@ def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
     if args.demo_decode:
-        if args.demo_decode not in ("alfworld", "webshop"):
-            raise UserError(f"--demo-decode is alfworld or webshop; got {args.demo_decode!r}")
+        if args.demo_decode not in ENVS:
+            raise UserError(f"--demo-decode is one of {', '.join(ENVS)}; got {args.demo_decode!r}")
         if args.new_tokens < 1 or args.repeats < 1:
             raise UserError("--demo-decode needs --new-tokens and --repeats of at least 1")
         results = demo_decode(args.demo_decode, args.repeats, args.new_tokens)
@@ -411,15 +417,16 @@ def main(argv: list[str] | None = None) -> dict:
             Path(args.out).write_text(json.dumps(results, indent=1))
         return results
     if args.demo_rollouts:
-        if args.demo_rollouts not in ("alfworld", "webshop"):
-            raise UserError(f"--demo-rollouts is alfworld or webshop; got {args.demo_rollouts!r}")
+        if args.demo_rollouts not in ENVS:
+            raise UserError(f"--demo-rollouts is one of {', '.join(ENVS)}; got {args.demo_rollouts!r}")
         results = demo_rollouts(args.demo_rollouts, max(args.repeats, 1))
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
         return results
-    if args.env == "alfworld":
-        if args.policy != "random":
-            raise UserError("--env alfworld times the engine alone: pass --policy random")
+    if args.env in ENVS:  # an env's engine alone, in-process and in workers
+        if args.policy != "random" or not env_class(args.env).in_workers:
+            raise UserError(f"--env {args.env} times the engine of an env that plays in worker processes alone "
+                            f"({', '.join(e for e in ENVS if env_class(e).in_workers)}): pass --policy random")
         results = bench_env(args)
         if args.out:
             with open(args.out, "w") as f:
@@ -490,20 +497,21 @@ def main(argv: list[str] | None = None) -> dict:
             ratio = results[f"{ways[0]} {algo}"]["seconds/iteration"] / results[f"{way} {algo}"]["seconds/iteration"]
             results[f"{algo}_{ways[0]}_over_{way}_time"] = ratio
             print(f"  {algo}: {ways[0]} / {way} iteration time: {ratio:.2f}x")
-    if "sharpo" in algos and "grpo" in algos:
+    taught, plain = TEACHER_COST
+    if taught in algos and plain in algos:
         for way in ways:
-            ratio = results[f"{way} sharpo"]["seconds/iteration"] / results[f"{way} grpo"]["seconds/iteration"]
+            ratio = results[f"{way} {taught}"]["seconds/iteration"] / results[f"{way} {plain}"]["seconds/iteration"]
             paired = [s["seconds/iteration"] / g["seconds/iteration"]
-                      for s, g in zip(timings[f"{way} sharpo"], timings[f"{way} grpo"])]  # one per repeat
+                      for s, g in zip(timings[f"{way} {taught}"], timings[f"{way} {plain}"])]  # one per repeat
             # Both algorithms do the same work but the teacher pass (forced lengths, the same env and skipped
             # rows), so their other seconds are one quantity measured 2 x repeats times: pooled, they give
             # the ratio without the run-to-run noise of a shared stage (its median over every timed iteration).
             shared = statistics.median(r["seconds/iteration"] - r["seconds/teacher"]
-                                       for r in timings[f"{way} sharpo"] + timings[f"{way} grpo"])
-            pooled = 1 + results[f"{way} sharpo"]["seconds/teacher"] / shared
-            results[f"sharpo_over_grpo_time_{way}"] = ratio
-            results[f"sharpo_over_grpo_time_{way}_per_repeat"] = paired
-            results[f"sharpo_over_grpo_time_{way}_pooled"] = pooled
+                                       for r in timings[f"{way} {taught}"] + timings[f"{way} {plain}"])
+            pooled = 1 + results[f"{way} {taught}"]["seconds/teacher"] / shared
+            results[f"{taught}_over_{plain}_time_{way}"] = ratio
+            results[f"{taught}_over_{plain}_time_{way}_per_repeat"] = paired
+            results[f"{taught}_over_{plain}_time_{way}_pooled"] = pooled
             print(f"  SHARPO / GRPO iteration time, {way}: {ratio:.3f}x (the teacher pass is the difference); "
                   f"per repeat " + ", ".join(f"{x:.3f}" for x in paired)
                   + f"; 1 + teacher / the shared stages pooled over both: {pooled:.3f}x")

@@ -87,7 +87,9 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles, 0.975, by degrees of freedom
 CURVES = ("success", "mean_reward", "invalid_rate", "groups_with_spread")
 BOOTSTRAP = 2000  # resamples of learned_boot
-CONTROLS = {"placebo": ["--algo", "grpo", "--shuffle-rewards"],  # runs that are not an --algo: their train.py flags
+BASELINE = "grpo"  # the algorithm the others are compared with: time, the held-out curve, the paired bootstrap
+LABELS = {BASELINE: "GRPO"}  # how the summary's columns name it
+CONTROLS = {"placebo": ["--algo", BASELINE, "--shuffle-rewards"],  # runs that are not an --algo: their train.py flags
             "placebo-sharpo": ["--algo", "sharpo", "--shuffle-rewards"]}
 RISE_WINDOW = 2  # train_rise: the mean of the last 2 iterations' training success minus the first's
 
@@ -206,9 +208,9 @@ def summarize(runs: dict[str, dict[int, list[dict]]], final_window: int, held_ou
             values = [r[key] for r in per_run if r[key] is not None]
             row[key] = list(mean_interval(values)) if values else None
         table[algo] = row
-    if "grpo" in table:
+    if BASELINE in table:
         for row in table.values():
-            row["time_vs_grpo"] = row["s_per_iter"][0] / table["grpo"]["s_per_iter"][0]
+            row[f"time_vs_{BASELINE}"] = row["s_per_iter"][0] / table[BASELINE]["s_per_iter"][0]
     return table
 
 
@@ -311,9 +313,9 @@ def reach_ratio(curves: dict[str, list[list[tuple]]]) -> dict:
     def mean_curve(runs):
         return [(points[0][0], sum(p[1] for p in points) / len(points)) for points in zip(*at_common_iterations(runs))]
 
-    if "grpo" not in curves or not curves["grpo"]:
+    if not curves.get(BASELINE):
         return {}
-    grpo = mean_curve(curves["grpo"])
+    grpo = mean_curve(curves[BASELINE])
     if len(grpo) < 2:
         return {}
     target, last = grpo[-1][1], grpo[-1][0]
@@ -334,7 +336,7 @@ def markdown_table(table: dict) -> str:
 
     held = any(r.get("held_out_after") for r in table.values())
     boot = any(r.get("learned_boot") for r in table.values())
-    vs = [c for c in ("grpo", "placebo") if any(r.get(f"vs_{c}_boot") for r in table.values())]
+    vs = [c for c in (BASELINE, "placebo") if any(r.get(f"vs_{c}_boot") for r in table.values())]
     rise = any(r.get("train_rise") for r in table.values())
     rise_vs = [c for c in CONTROLS if any(r.get(f"rise_vs_{c}_boot") for r in table.values())]
     lines = ["| algo | seeds | iterations | final success | AUC success | eval success | s / iter | time vs GRPO |"
@@ -343,7 +345,7 @@ def markdown_table(table: dict) -> str:
              + "".join(f" rise - {c}'s, paired (bootstrap) |" for c in rise_vs)
              + (" held-out start | held-out after | learned |" if held else "")
              + (" learned, paired over games (bootstrap) |" if boot else "")
-             + "".join(f" after - {'GRPO' if c == 'grpo' else c}'s, paired (bootstrap) |" for c in vs),
+             + "".join(f" after - {LABELS.get(c, c)}'s, paired (bootstrap) |" for c in vs),
              "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if rise else "") + "---|" * len(rise_vs)
              + ("---|---|---|" if held else "") + ("---|" if boot else "") + "---|" * len(vs)]
     for algo, r in table.items():
@@ -635,7 +637,7 @@ def main(argv: list[str] | None = None) -> dict:
     for algo, after in after_of.items():
         if start_games and after and all(after.values()):
             table[algo]["learned_boot"] = learned_bootstrap(start_games, after)
-        for control in ("grpo", "placebo"):
+        for control in (BASELINE, "placebo"):
             other = after_of.get(control) or {}
             if algo != control and after and other and all(after.values()) and all(other.values()):
                 table[algo][f"vs_{control}_boot"] = paired_bootstrap(after, other)

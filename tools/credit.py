@@ -59,7 +59,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -68,11 +67,11 @@ from advantage import grpo_advantages, segment_gap, segment_multipliers
 from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs.answer import history_length, history_problems
 from envs.make import env_class, make_env, resolve_workers
-from envs.alfworld import planner_plans, resolve_data_dir
+from envs import ENVS
 from eval import check_trained_data, check_writable, pick_games
 from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
-from flags import WARMSTART, BaselineArgs, MethodArgs
-from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
+from flags import BaselineArgs, MethodArgs, preset_defaults
+from infra.cli import UserError, check_domains, choice_of, given_flags, parse_dataclass, run, seed_problems
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
 from speed import FastPath
@@ -90,21 +89,18 @@ PLACEBOS = TEACHERS[1:]
 NO_TEACHER = ("surprise", "length", "step_index", "invalid", "not_in_plan", "gigpo", "grpo")
 
 
-HELD_OUT = {"alfworld": "valid_seen", "webshop": "test"}  # --split's default: games the warm start never saw
-
-
 @dataclass
 class CreditArgs:
     """Command-line flags of credit.py."""
 
-    env: Literal["alfworld", "webshop"] = "alfworld"  # environment (with --checkpoint: its run's)
+    env: choice_of(ENVS) = MethodArgs.env  # environment (with --checkpoint: its run's)
     model: str | None = None  # HF id or path, "smollm2" or "tiny"; default: smollm2 without a GPU, else Qwen2.5-7B
-    init_adapter: str | None = None  # warm start merged first; default: the shipped one for smollm2 on alfworld
+    init_adapter: str | None = None  # warm start merged first; default: the cpu-demo preset's, for its model
     dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); a checkpoint keeps its run's
     checkpoint: str | None = None  # score with a train.py run's policy instead (a run folder or checkpoint)
     data_dir: str | None = None  # env data folder; default: the shipped data
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    split: str | None = None  # the games played; default: held out from the warm start (ALFWorld valid_seen, WebShop test)
+    split: str | None = None  # the games played; default: the env's held_out_split, games no warm start saw
     games: int = 12  # games per seed (every task type in turn); 0 = the whole split
     group_size: int = 4  # episodes per game and seed (G)
     seeds: str = "0,1,2"  # sampling seeds, comma-separated: each plays every game G times
@@ -297,35 +293,43 @@ def placebo_plans(plans: dict[str, list[str]], seed: int) -> dict[str, dict[str,
 def load(args: CreditArgs):
     """(model, tokenizer, env) with the settings of a training run; an unset --split becomes the
     env's held-out split."""
-    args.split = args.split or HELD_OUT[args.env]
+    args.split = args.split or held_out_split(args.env)
     if args.checkpoint:
         model, tokenizer = load_checkpoint_policy(find_checkpoint(args.checkpoint))
     else:
         name = args.model or ("smollm2" if not torch.cuda.is_available() else None)
+        demo = preset_defaults("cpu-demo", args.env)[1]  # the CPU demo's model, its warm start and LoRA
         init = args.init_adapter
-        if init is None and name == "smollm2" and args.env == "alfworld":
-            init = str(WARMSTART)
+        if init is None and name == demo["model"]:
+            init = demo.get("init_adapter")
         model, tokenizer = load_policy(name, init_adapter=None if init in (None, "none") else init,
-                                       lora_r=8, lora_alpha=16, dtype=args.dtype)
+                                       lora_r=demo["lora_r"], lora_alpha=demo["lora_alpha"], dtype=args.dtype)
     model.eval()
     workers = resolve_workers(args.env_workers, args.games * args.group_size if args.games else 8)
     env = make_env(args.env, data_dir=args.data_dir, max_steps=args.max_steps, workers=workers)
     return model, tokenizer, env
 
 
-def hindsight_plans(env_name: str, env, data_dir, games: list[str]) -> dict[str, list[str]]:
-    """The real hindsight of each game: ALFWorld, the planner's shortest plan from the start
-    (the same source as the label); WebShop, the env's expert plan."""
-    if env_name != "alfworld":
-        return {g: env.expert_plan(g) for g in games}
-    root = resolve_data_dir(data_dir) / "json_2.1.1"
-    return {g: planner_plans(str(root / g / "game.tw-pddl"), [])[0] or [] for g in games}
+def held_out_split(env: str) -> str:
+    """--split's default: the env's split of games no shipped warm start saw, else its evaluation split."""
+    cls = env_class(env)
+    return cls.held_out_split or cls.default_eval_split
 
 
-def planner_labels(data_dir, trajs: list[Trajectory]) -> list[list[bool | None]]:
-    """shortens_plan for every step of every trajectory (the planner replays its valid actions)."""
-    root = resolve_data_dir(data_dir) / "json_2.1.1"
-    return [shortens_plan(t, planner_plans(str(root / t.task_id / "game.tw-pddl"), t.actions)) for t in trajs]
+def hindsight_plans(env, games: list[str]) -> dict[str, list[str]]:
+    """The real hindsight of each game: an env's planner's shortest plan from the start (ALFWorld's:
+    the same source as the label), else the env's expert plan."""
+    plans = {g: env.planner_plans(g, []) for g in games}
+    return {g: ((p[0] or []) if p is not None else env.expert_plan(g)) for g, p in plans.items()}
+
+
+def planner_labels(env, trajs: list[Trajectory]) -> list[list[bool | None]] | None:
+    """shortens_plan for every step of every trajectory (the env's planner replays its valid actions);
+    None for an env without a planner."""
+    plans = [env.planner_plans(t.task_id, t.actions) for t in trajs]
+    if any(p is None for p in plans):
+        return None
+    return [shortens_plan(t, p) for t, p in zip(trajs, plans)]
 
 
 def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels: list[list[bool | None]],
@@ -372,9 +376,10 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     raw = {"surprise": surprise, "length": lengths.float(),
            "step_index": torch.tensor([float(k) for _, k, _ in steps_kept]),
            "invalid": torch.tensor([float(s.action is None) for _, _, s in steps_kept]),
-           "not_in_plan": not_in_plan, "gigpo": -step_adv[keep], "grpo": torch.zeros(len(rows))}
+           "not_in_plan": not_in_plan, "gigpo": -step_adv[keep]}
     for name, value in raw.items():  # blame scores; the credit score is the opposite
-        scores[name] = torch.where(won, -value, value) if name != "grpo" else value
+        scores[name] = torch.where(won, -value, value)
+    scores["grpo"] = torch.zeros(len(rows))  # GRPO's: every step of an episode alike
     expert = expert_labels
     return {"game": [trajs[i].task_id for i, _, _ in steps_kept], "won": won.tolist(),
             "episode": [i for i, _, _ in steps_kept], "step": [k for _, k, _ in steps_kept],
@@ -555,7 +560,7 @@ def main(argv: list[str] | None = None) -> dict:
         data_of_run = args.data_dir is None
         if data_of_run and isinstance(trained.get("data_dir"), str):
             args.data_dir = trained["data_dir"]
-    args.split = args.split or HELD_OUT[args.env]
+    args.split = args.split or held_out_split(args.env)
     splits = env_class(args.env).splits
     if args.split not in splits:  # before the model loads
         problems.append(f"--split for {args.env} must be one of {', '.join(splits)}; got {args.split!r}")
@@ -571,12 +576,12 @@ def main(argv: list[str] | None = None) -> dict:
         check_trained_data(find_checkpoint(args.checkpoint), env, args.data_dir)
     try:
         games = pick_games(env, args.split, args.games)
-        plans = hindsight_plans(args.env, env, args.data_dir, games)
+        plans = hindsight_plans(env, games)
         trajs = play(model, tokenizer, env, games, args, seeds)
     finally:
         env.close()
     blocks = placebo_plans(plans, seed=0)
-    labels = planner_labels(args.data_dir, trajs) if args.env == "alfworld" else step_labels(trajs)
+    labels = planner_labels(env, trajs) or step_labels(trajs)  # the planner's, else the expert's
     data = score_steps(model, tokenizer, trajs, blocks, labels, args)
     table = auc_table(data, args.bootstrap)
     info = {"trajectories": len(trajs), "won": sum(t.won for t in trajs), "games": len(games), "split": args.split,

@@ -47,16 +47,16 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
 
+from envs import ENVS
 from envs.answer import history_length, history_problems
 from envs.make import make_env
 from eval import check_writable, fill_query, pick_games
-from flags import CPU_DEMO_PER_ENV
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from flags import CPU_DEMO_PER_ENV, MethodArgs
+from infra.cli import UserError, check_domains, choice_of, parse_dataclass, run
 from infra.models import load_policy, resolve_dtype, save_adapter
 from rollout import ModelPolicy
 from speed import collate_rows, response_logprobs
@@ -67,7 +67,7 @@ from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, Row, add_hindsight, buil
 class WarmstartArgs:
     """Command-line flags of warmstart.py."""
 
-    env: Literal["alfworld", "webshop"] = "alfworld"  # environment whose expert is cloned
+    env: choice_of(ENVS) = MethodArgs.env  # environment whose expert is cloned
     model: str = "smollm2"  # base model: "smollm2", "tiny", an HF id or a local path
     data_dir: str | None = None  # env data folder; default: the shipped games
     split: str = "train"  # games the expert plays
@@ -88,16 +88,13 @@ class WarmstartArgs:
     check_games: int = 12  # --check: games measured (the first N of the split, every task type in turn)
 
 
-THOUGHTS = {  # the one-line thought of a taught answer; WebShop's tasks are long (~30 tokens), so its
-    "alfworld": "My task is to {task}. The next step is to {action}.",  # thought does not restate them:
-    "webshop": "The next step is to {action}.",  # the answer then fits the WebShop demo's 96 new tokens
-}
 HEADLINES = {"expert": EXPERT_HEADLINE, "sibling": SIBLING_HEADLINE}
 
 
-def expert_answer(task: str, action: str, env: str = "alfworld") -> str:
-    """The answer the model is taught: a one-line thought, then the expert's action."""
-    return f"<think>{THOUGHTS[env].format(task=task, action=action)}</think><action>{action}</action>"
+def expert_answer(task: str, action: str, thought: str) -> str:
+    """The answer the model is taught: a one-line thought (the env's `expert_thought`: WebShop's does not
+    restate its long tasks, so its answers fit the demo's 96 new tokens), then the expert's action."""
+    return f"<think>{thought.format(task=task, action=action)}</think><action>{action}</action>"
 
 
 def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.Random, task: str = "") -> list[str] | None:
@@ -111,7 +108,7 @@ def rewritten_plan(plan: list[str], k: int, admissible: list[str], rng: random.R
 
 
 def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_rows: int = 0,
-                seed: int = 0, env_name: str = "alfworld", headlines: tuple[str, ...] = ("expert", "sibling"),
+                seed: int = 0, headlines: tuple[str, ...] = ("expert", "sibling"),
                 tasks: list[str] | None = None) -> list[Row]:
     """Rows for each step of each game's expert plan (env.expert_plan: the stored walkthrough, a
     shortest plan for the short shipped games): the env's context at that step, then the target's
@@ -122,7 +119,7 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
     rows = []
 
     def add(messages, task, action):
-        ids = tokenizer.encode(expert_answer(task, action, env_name), add_special_tokens=False)
+        ids = tokenizer.encode(expert_answer(task, action, env.expert_thought), add_special_tokens=False)
         rows.append(build_row(tokenizer, messages, ids + [tokenizer.eos_token_id]))
 
     for task_id in env.tasks(split) if tasks is None else tasks:
@@ -145,11 +142,11 @@ def expert_rows(env, tokenizer, split: str, history_len: int | None, hindsight_r
     return rows
 
 
-def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], rows_per_pass: int = 8,
-                    env_name: str = "alfworld") -> list[float]:
-    """Mean log-prob per answer token of expert_answer(task, action) and the end of turn, after
+def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], thought: str,
+                    rows_per_pass: int = 8) -> list[float]:
+    """Mean log-prob per answer token of expert_answer(task, action, thought) and the end of turn, after
     each case's messages: cases = [(messages, task, action)]."""
-    rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a, env_name), add_special_tokens=False)
+    rows = [build_row(tokenizer, m, tokenizer.encode(expert_answer(t, a, thought), add_special_tokens=False)
                       + [tokenizer.eos_token_id]) for m, t, a in cases]
     out = []
     with torch.no_grad():
@@ -161,7 +158,7 @@ def answer_logprobs(model, tokenizer, cases: list[tuple[list[dict], str, str]], 
 
 
 def reading_check(model, tokenizer, env, games: list[str], history_len: int | None, steps_per_game: int = 5,
-                  seed: int = 0, env_name: str = "alfworld") -> dict:
+                  seed: int = 0) -> dict:
     """On the first steps of each game's expert plan: the block's effect (log-prob with the
     true-plan block minus without, nats per answer token) on the answer that takes the plan's
     next action (on_plan), and on one that takes another admissible action (off_plan); and the
@@ -186,8 +183,8 @@ def reading_check(model, tokenizer, env, games: list[str], history_len: int | No
             state = env.step([f"<think>-</think><action>{action}</action>"])[0]
             if state.done:
                 break
-    on = answer_logprobs(model, tokenizer, on_cases, env_name=env_name)
-    off = answer_logprobs(model, tokenizer, off_cases, env_name=env_name)
+    on = answer_logprobs(model, tokenizer, on_cases, env.expert_thought)
+    off = answer_logprobs(model, tokenizer, off_cases, env.expert_thought)
     on_gap = [on[j] - on[j + 1] for j in range(0, len(on), 2)]  # with the block minus without
     off_gap = [off[j] - off[j + 1] for j in range(0, len(off), 2)]
     policy, valid = ModelPolicy(model, tokenizer, max_new_tokens=64, temperature=1.0), 0
@@ -236,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         model.eval()
         env = make_env(args.env, data_dir=args.data_dir)
         result = reading_check(model, tokenizer, env, pick_games(env, args.split, args.check_games),
-                               history_length(args.history), seed=args.seed, env_name=args.env)
+                               history_length(args.history), seed=args.seed)
         env.close()
         print(json.dumps({"adapter": args.check, "split": args.split, **result}, indent=1))
         return
@@ -248,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     env = make_env(args.env, data_dir=args.data_dir)
     tasks = pick_games(env, args.split, args.tasks) if args.tasks else None
     rows = expert_rows(env, tokenizer, args.split, history_length(args.history), args.hindsight_rows, args.seed,
-                       args.env, headlines, tasks)
+                       headlines, tasks)
     env.close()
     print(f"{len(rows)} rows from {len(tasks) if tasks else 'all'} tasks of {args.split}, mean length "
           f"{sum(len(r.input_ids) for r in rows) / len(rows):.0f} tokens")

@@ -43,17 +43,34 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
 
-from advantage import grpo_advantages, policy_loss, segment_gap, token_advantages
-from baselines import gigpo_step_advantages, gigpo_token_advantages, rlsd_token_advantages
+from advantage import grpo_advantages, policy_loss
+from baselines import ALGORITHMS
 from flags import BaselineArgs, MethodArgs
 from infra.cli import UserError, check_domains, parse_dataclass, run
+from rollout import LogProbs
+from segments import Rows, Step
 
-ALGOS = ("grpo", "sharpo", "stepopsd", "rlsd", "gigpo", "placebo", "centred")  # centred: g minus the episode's mean g
 PLACEBO_AUC = 0.92  # the placebo shuffles this teacher's gaps
+
+
+def shuffled_gaps(g: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The same gaps, handed to the batch's decisions by chance: (N, L) -> (N, L)."""
+    return g.flatten()[torch.randperm(g.numel(), generator=gen)].reshape(g.shape)
+
+
+def centred_gaps(g: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each gap minus its episode's mean: only what differs between an episode's steps. (N, L)."""
+    return g - g.mean(1, keepdim=True)
+
+
+# The world's own teachers of SHARPO beside the algorithms of baselines.ALGORITHMS: name -> (the AUC of
+# the teacher whose gaps it takes, None: the AUC asked for; what it does to them)
+TEACHERS = {"placebo": (PLACEBO_AUC, shuffled_gaps), "centred": (None, centred_gaps)}
 
 
 @dataclass
@@ -98,7 +115,8 @@ def teacher_sigma(auc: float, gap: float) -> float:
 
 
 def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: WorldArgs) -> list[float]:
-    """One training run in the world; returns the exact success after each iteration (index 0: the start)."""
+    """One training run of `algo` (a name in baselines.ALGORITHMS, or one of TEACHERS) in the world; returns
+    the exact success after each iteration (index 0: the start)."""
     K, L, A, G = args.tasks, args.decisions, args.actions, args.group_size
     critical = L if args.critical <= 0 else min(args.critical, L)
     gen = torch.Generator().manual_seed(seed)
@@ -107,6 +125,11 @@ def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: 
     logits = torch.zeros(K, L, A)  # (K, L, A) the policy: p(plan action) = p0, the rest uniform
     logits.scatter_(2, plan[..., None], math.log(p0 * (A - 1) / (1 - p0)))
     logits.requires_grad_(True)
+    method = ALGORITHMS["sharpo" if algo in TEACHERS else algo]  # its stages 3 and 5, as train.py calls them
+    if algo in TEACHERS:
+        teacher_auc = TEACHERS[algo][0] or auc
+    else:  # without a teacher the gaps go unused, but are drawn all the same
+        teacher_auc = auc if method.uses_teacher(SETTINGS) else PLACEBO_AUC
     opt = torch.optim.Adam([logits], lr=args.lr) if args.optimizer == "adam" else torch.optim.SGD([logits], lr=args.sgd_lr)
     curve = [success(logits, plan, critical)]
     for _ in range(args.iterations):
@@ -120,19 +143,17 @@ def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: 
         rewards = 10.0 * won.float()  # (N,)
         groups = torch.arange(args.groups).repeat_interleave(G)  # (N,)
         adv = grpo_advantages(rewards, groups)  # (N,) A_i                              (Eq. 1)
-        sigma = teacher_sigma(PLACEBO_AUC if algo in ("placebo", "grpo", "gigpo") else auc, args.gap)  # (unused by the last two)
+        sigma = teacher_sigma(teacher_auc, args.gap)
         g = torch.where(right, args.gap, -args.gap) + sigma * torch.randn(N, L, generator=gen)  # (N, L) the gap
-        if algo == "placebo":  # the same gaps, handed to the batch's decisions by chance
-            g = g.flatten()[torch.randperm(N * L, generator=gen)].reshape(N, L)
-        if algo == "centred":  # the gap minus its episode's mean: only what differs between steps
-            g = g - g.mean(1, keepdim=True)
+        if algo in TEACHERS:  # the world's own teacher: the gaps changed
+            g = TEACHERS[algo][1](g, gen)
         rows = dict(task=tasks.repeat_interleave(L), step=torch.arange(L).repeat(N), act=acts.flatten(),
                     adv=adv.repeat_interleave(L), gap=g.flatten())  # one row per decision (B = N * L)
         mask = torch.ones(N * L, 1, dtype=torch.bool)  # (B, 1) each row's segment: one token
         with torch.no_grad():
             logp_old = torch.log_softmax(logits[rows["task"], rows["step"]], -1).gather(1, rows["act"][:, None])  # (B, 1)
         logp_teacher = logp_old + rows["gap"][:, None]  # (B, 1) a teacher whose gap is g
-        token_adv = credit(algo, rows, logp_old, logp_teacher, mask, eps_m, lam, G, L, groups, rewards, args)
+        token_adv = credit(method, rows, logp_old, logp_teacher, mask, eps_m, lam, L, groups, rewards)
         order = torch.randperm(N * L, generator=gen)
         for m in range(args.minibatches):
             idx = order[m * N * L // args.minibatches : (m + 1) * N * L // args.minibatches]
@@ -146,22 +167,22 @@ def run_world(algo: str, auc: float, eps_m: float, lam: float, seed: int, args: 
     return curve
 
 
-def credit(algo, rows, logp_old, logp_teacher, mask, eps_m, lam, G, L, groups, rewards, args) -> torch.Tensor:
-    """Ahat (B, 1) of `algo`, from advantage.py's functions as train.py's stage 5 calls them."""
-    adv = rows["adv"]
-    if algo == "grpo":
-        lam = 0.0
-    if algo == "rlsd":  # one token a segment: RLSD's per-token multiplier is SHARPO's here
-        return rlsd_token_advantages(adv, logp_teacher, logp_old, mask, lam, eps_m)[0]  # (Eq. 8)
-    if algo == "gigpo":  # the decision's index is the anchor state: every episode of a group passes through it
-        traj = torch.arange(len(rows["adv"])) // L
-        step_adv, _ = gigpo_step_advantages((rows["step"] == L - 1).float() * rewards[traj], traj,
-                                            groups[traj].tolist(), [str(s) for s in rows["step"].tolist()],
-                                            BaselineArgs.gigpo_gamma)
-        return gigpo_token_advantages(adv, step_adv, mask, BaselineArgs.gigpo_omega)  # (Eq. 11-13)
-    gaps = segment_gap(logp_teacher, logp_old, mask)  # (B,) g                                 (Eq. 2-3)
-    shape = "sigmoid" if algo == "stepopsd" else "exp"
-    return token_advantages(adv, gaps, mask, lam, eps_m, shape)[0]  # (B, 1)              (Eq. 4-5)
+# The flags an algorithm reads, at train.py's defaults; lam and eps_m are each run's
+SETTINGS = SimpleNamespace(**asdict(MethodArgs()), **asdict(BaselineArgs()))
+
+
+def credit(method, rows, logp_old, logp_teacher, mask, eps_m, lam, L, groups, rewards) -> torch.Tensor:
+    """Ahat (B, 1) of an algorithm of baselines.ALGORITHMS, by its own stages 3 and 5 as train.py calls
+    them, on one row per decision (its segment: one token). GiGPO's anchor state is the decision's
+    index (every episode of a group passes through it), its step reward the outcome at the last."""
+    B = len(rows["adv"])
+    traj = torch.arange(B) // L  # (B,) each row's episode
+    step_rewards = (rows["step"] == L - 1).float() * rewards[traj]  # (B,)
+    steps = [Step([], [], [], "", None, float(r), str(k)) for r, k in zip(step_rewards, rows["step"].tolist())]
+    batch = Rows(traj, steps, [], [], mask, None, torch.zeros(B, dtype=torch.bool), torch.ones(B, dtype=torch.bool))
+    settings = SimpleNamespace(**{**vars(SETTINGS), "lam": lam, "eps_m": eps_m})
+    adv = method.advantages(rewards, groups, batch, settings)  # (Eq. 1; GiGPO: Eq. 11-12)
+    return method.credit(adv, LogProbs(logp_old, logp_teacher), batch, settings).token_adv  # (Eq. 4-5; 8; 13)
 
 
 @torch.no_grad()

@@ -27,6 +27,7 @@ from verl.utils.device import auto_set_device
 from verl_bridge.sharpo_trainer import SharpoRayPPOTrainer, SharpoSettings
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root
+VERL_ESTIMATOR = "grpo"  # verl's own estimator name (its registry, not train.py's): the critic-free A_i SHARPO replaces
 
 
 @ray.remote
@@ -44,9 +45,9 @@ def check_config(config) -> SharpoSettings:
     if config.trainer.get("use_v1", False):
         raise ValueError("main_sharpo runs verl's v0 trainer (RayPPOTrainer): set trainer.use_v1=False. "
                          "The v1 trainer is not covered (verl_bridge/sharpo_trainer.py)")
-    if config.algorithm.adv_estimator != "grpo":
-        raise ValueError("SHARPO replaces the group advantage it computes itself: set algorithm.adv_estimator=grpo "
-                         f"(a critic-free estimator); got {config.algorithm.adv_estimator!r}")
+    if config.algorithm.adv_estimator != VERL_ESTIMATOR:
+        raise ValueError("SHARPO replaces the group advantage it computes itself: set algorithm.adv_estimator="
+                         f"{VERL_ESTIMATOR} (a critic-free estimator); got {config.algorithm.adv_estimator!r}")
     return SharpoSettings.from_config(config)
 
 

@@ -51,14 +51,14 @@ from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.model import compute_position_id_with_mask
 
-from verl_bridge.verl_sharpo import label_ids, needs_teacher, runs_of_ones, sharpo_advantages  # isort: split
+from verl_bridge.verl_sharpo import BRIDGED, bridged, label_ids, needs_teacher, runs_of_ones, sharpo_advantages  # isort: split
 from advantage import check_mixing  # the repository root is on the path now (verl_sharpo put it there)
 from flags import MethodArgs
 from segments import EXPERT_HEADLINE, SIBLING_HEADLINE, add_hindsight, format_plan
 
 
-# The settings that take one of a few names, and those names (--episode-stats: train.py's own choices).
-CHOICES = {"layout": ("per_step", "per_trajectory"), "shape": ("exp", "sigmoid"), "granularity": ("segment", "token"),
+# The settings that take one of a few names, and those names (--algo, --episode-stats: train.py's own).
+CHOICES = {"layout": ("per_step", "per_trajectory"), "algo": BRIDGED,
            "episode_stats": typing.get_args(typing.get_type_hints(MethodArgs)["episode_stats"])}
 
 
@@ -69,8 +69,7 @@ class SharpoSettings:
     layout: str = "per_step"  # "per_step" (verl-agent) or "per_trajectory" (verl's agent loop)
     lam: float = MethodArgs.lam  # mixing weight of the multiplier (METHOD.md Eq. 5); 0 = plain GRPO
     eps_m: float = MethodArgs.eps_m  # the multiplier's bound (Eq. 4)
-    shape: str = "exp"  # "exp" (SHARPO) or "sigmoid" (StepOPSD)
-    granularity: str = "segment"  # "segment" (SHARPO) or "token" (RLSD)
+    algo: str = MethodArgs.algo  # train.py's --algo, one its table lets this bridge compute (BRIDGED)
     episode_stats: str = MethodArgs.episode_stats  # per_step: group statistics over trajectories or "step"s
     success_above: float = 0.0  # a trajectory whose best sample score exceeds this succeeded
     action_pattern: str = r"<action>(.*?)</action>"  # a response's action: its one match, stripped
@@ -236,8 +235,7 @@ class SharpoRayPPOTrainer(RayPPOTrainer):
         logp_teacher, metrics = self._teacher_log_probs(batch, settings)  # (B, T), dict
         batch.batch["teacher_log_probs"] = logp_teacher
         ahat = sharpo_advantages(batch, layout=settings.layout, lam=settings.lam, eps_m=settings.eps_m,  # (B, T)
-                                 shape=settings.shape, granularity=settings.granularity,
-                                 episode_stats=settings.episode_stats)
+                                 algo=settings.algo, episode_stats=settings.episode_stats)
         batch.batch.pop("teacher_log_probs")  # the workers' update does not read it
         batch.batch["advantages"] = ahat  # (B, T) Ahat in place of the estimator's A
         batch.batch["returns"] = ahat.clone()  # (B, T) as verl's GRPO sets them: equal to the advantages
@@ -253,6 +251,8 @@ class SharpoRayPPOTrainer(RayPPOTrainer):
             raise NotImplementedError("sharpo: multimodal samples (position_ids with rope rows) are not "
                                       "covered; the teacher rows are built for text prompts")
         logp = batch.batch["old_log_probs"].clone()  # (B, T) no teacher: a gap of exactly 0
+        if not bridged(settings.algo).uses_teacher(settings):  # GRPO, lam 0: no teacher can change Ahat
+            return logp, {}
         moving = needs_teacher(batch, settings.layout, episode_stats=settings.episode_stats)  # (B,)
         blocks = hindsight_blocks(batch, self.tokenizer, settings)
         rows = [b for b in range(len(batch)) if moving[b] and blocks[b] is not None]

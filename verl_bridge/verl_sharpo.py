@@ -43,8 +43,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: advantage.py, segments.py
 
 from advantage import check_mixing, grpo_advantages, mix, segment_multipliers  # noqa: E402
-from baselines import rlsd_token_advantages  # noqa: E402
+from baselines import ALGORITHMS, rlsd_token_advantages  # noqa: E402
 from segments import SIBLING_HEADLINE, add_hindsight, format_plan  # noqa: E402
+
+# The algorithms of train.py's table whose Ahat this bridge computes: those whose `verl` is set, Ahat
+# from their mixes, shape and per_token alone (not GiGPO's step groups, nor SDAR's loss term).
+BRIDGED = tuple(name for name, algorithm in ALGORITHMS.items() if algorithm.verl)
+
+
+def bridged(algo: str):
+    """ALGORITHMS[algo], an algorithm this bridge computes; any other name is a ValueError naming them."""
+    if algo not in BRIDGED:
+        raise ValueError(f"algo must be one of {', '.join(map(repr, BRIDGED))} (baselines.ALGORITHMS, those the "
+                         f"verl bridge computes); got {algo!r}")
+    return ALGORITHMS[algo]
 
 
 def runs_of_ones(response_mask: torch.Tensor) -> torch.Tensor:
@@ -76,17 +88,19 @@ def segment_means(values: torch.Tensor, segment_ids: torch.Tensor, num_segments:
 
 
 def token_advantages(adv: torch.Tensor, logp_teacher: torch.Tensor, logp_student: torch.Tensor,
-                     segment_ids: torch.Tensor, lam: float, eps_m: float, shape: str = "exp",
-                     granularity: str = "segment") -> torch.Tensor:
-    """Ahat (B, T) for rows that may hold several segments (segment_ids (B, T), -1 off them): each
-    segment's gap (METHOD.md Eq. 2-3), its multiplier and the mixing (Eq. 4-5) by advantage.py's
-    functions; granularity "token" is RLSD (Eq. 8)."""
+                     segment_ids: torch.Tensor, lam: float, eps_m: float, algo: str = "sharpo") -> torch.Tensor:
+    """Ahat (B, T) of `algo` (BRIDGED) for rows that may hold several segments (segment_ids (B, T), -1
+    off them): each segment's gap (METHOD.md Eq. 2-3), its multiplier and the mixing (Eq. 4-5) by
+    advantage.py's functions, as the algorithm's attributes say: its `shape` (StepOPSD's sigmoid),
+    `per_token` (RLSD, Eq. 8), `mixes` (False, GRPO: Ahat = A)."""
+    method = bridged(algo)
+    lam = lam if method.mixes else 0.0  # GRPO: Ahat = A
     response_mask = segment_ids >= 0  # (B, T)
-    if granularity == "token":
+    if method.per_token:
         return rlsd_token_advantages(adv, logp_teacher, logp_student, response_mask, lam, eps_m)[0]
     check_mixing(lam, eps_m)
     gaps = segment_means((logp_teacher - logp_student).detach(), segment_ids)  # (B, S) g of each segment
-    mults = segment_multipliers(adv[:, None], gaps, eps_m, shape)  # (B, S) m of each segment
+    mults = segment_multipliers(adv[:, None], gaps, eps_m, method.shape)  # (B, S) m of each segment
     return mix(adv, mults.gather(1, segment_ids.clamp(min=0)), response_mask, lam)  # (B, T) each token its segment's
 
 
@@ -97,17 +111,16 @@ def label_ids(values) -> torch.Tensor:
 
 
 def sharpo_advantages(data, *, lam: float, eps_m: float, episode_stats: str, layout: str = "per_step",
-                      shape: str = "exp", granularity: str = "segment", teacher_key: str = "teacher_log_probs",
+                      algo: str = "sharpo", teacher_key: str = "teacher_log_probs",
                       student_key: str = "old_log_probs", reward_key: str = "token_level_rewards",
                       mask_key: str = "response_mask") -> torch.Tensor:
-    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, eps_m, shape and
-    granularity as in token_advantages above (shape="sigmoid": StepOPSD, granularity="token": RLSD),
-    episode_stats as train.py's --episode-stats (verl_bridge/sharpo_trainer.py takes the three from
-    its settings, whose defaults are train.py's)."""
+    """Ahat (B, T) for a DataProto in `layout` (module docstring); lam, eps_m and algo as in
+    token_advantages above, episode_stats as train.py's --episode-stats (verl_bridge/sharpo_trainer.py
+    takes them from its settings, whose defaults are train.py's)."""
     adv_row, segment_ids = advantages_and_segments(data, layout, reward_key, mask_key, episode_stats)  # (B,), (B, T)
     batch = data.batch
     return token_advantages(adv_row, batch[teacher_key].float(), batch[student_key].float(), segment_ids,
-                            lam=lam, eps_m=eps_m, shape=shape, granularity=granularity)
+                            lam=lam, eps_m=eps_m, algo=algo)
 
 
 def needs_teacher(data, layout: str = "per_step", reward_key: str = "token_level_rewards",

@@ -18,7 +18,8 @@ from envs.make import make_env, training_tasks  # noqa: E402
 from infra.models import load_tokenizer  # noqa: E402
 from segments import generation_prompt_ids  # noqa: E402
 
-CASES = [("webshop", 1), ("webshop", 0), ("alfworld", 2)]
+# (env, --history, the tasks: the first 20 train goals, or 0: the train games of expert plans <= 4 steps)
+CASES = [("webshop", 1, 20), ("webshop", 0, 20), ("alfworld", 2, 0)]
 
 
 def prompt_lengths(env, tokenizer, tasks: list[str], history_len: int) -> dict[int, list[int]]:
@@ -39,9 +40,9 @@ def prompt_lengths(env, tokenizer, tasks: list[str], history_len: int) -> dict[i
 def main() -> None:
     tokenizer = load_tokenizer("smollm2", announce=lambda *_: None)
     out = {}
-    for name, history_len in CASES:
+    for name, history_len, first in CASES:
         env = make_env(name)
-        tasks = env.tasks("train")[:20] if name == "webshop" else training_tasks(env, "train", 4)
+        tasks = env.tasks("train")[:first] if first else training_tasks(env, "train", 4)
         lengths = prompt_lengths(env, tokenizer, tasks, history_len)
         every = [n for ns in lengths.values() for n in ns]
         out[f"{name}, history {history_len}"] = {

@@ -24,11 +24,12 @@ def test_check_config_refuses_what_the_launcher_does_not_run():
                                (["+sharpo.layout=per_trajectory", "+sharpo.eps_m=1.5"], "eps_m"),
                                (["+sharpo.layout=per_turn"], "layout must be one of 'per_step', 'per_trajectory'"),
                                (["+sharpo.layout=per_step"], "balance_batch=False"),
-                               # round seven: each of these trained something else, or failed only after the
-                               # first GPU rollout (in the first _update_actor)
-                               (["+sharpo.layout=per_trajectory", "+sharpo.granularity=tokens"], "granularity"),
-                               (["+sharpo.layout=per_trajectory", "+sharpo.granularity=Token"], "granularity"),
-                               (["+sharpo.layout=per_trajectory", "+sharpo.shape=sigmod"], "shape"),
+                               # a name no table holds, or a case of it: refused before Ray starts, never
+                               # another algorithm trained, nor a failure after the first GPU rollout
+                               (["+sharpo.layout=per_trajectory", "+sharpo.algo=RLSD"], "algo must be one of"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.algo=gigpo"], "algo must be one of"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.granularity=token"], "unknown setting"),
+                               (["+sharpo.layout=per_trajectory", "+sharpo.shape=sigmoid"], "unknown setting"),
                                (["+sharpo.layout=per_trajectory", "+sharpo.episode_stats=steps"], "episode_stats"),
                                (["+sharpo.layout=per_trajectory", "+sharpo.action_pattern='<action>'"], "one group"),
                                (["+sharpo.layout=per_trajectory", "+sharpo.action_pattern='(unclosed'"],

@@ -77,11 +77,13 @@ def test_per_trajectory_layout_equals_advantage_py():
     teacher = student + 0.3 * torch.randn(3, 8, generator=g)
     data = _proto({"response_mask": mask, "token_level_rewards": rewards, "old_log_probs": student,
                    "teacher_log_probs": teacher}, {"uid": ["g", "g", "g"]})
-    for shape, granularity in (("exp", "segment"), ("sigmoid", "segment"), ("exp", "token")):
-        got = sharpo_advantages(data, layout="per_trajectory", shape=shape, granularity=granularity, lam=0.5, eps_m=0.2, episode_stats="trajectory")
+    for algo, shape in (("sharpo", "exp"), ("stepopsd", "sigmoid"), ("rlsd", None), ("grpo", None)):
+        got = sharpo_advantages(data, layout="per_trajectory", algo=algo, lam=0.5, eps_m=0.2, episode_stats="trajectory")
         adv = grpo_advantages(torch.tensor([10.0, 0.0, -0.1], dtype=torch.float64), torch.tensor([0, 0, 0])).float()
-        if granularity == "token":
+        if algo == "rlsd":
             want = rlsd_token_advantages(adv, teacher, student, mask.bool(), 0.5, 0.2)[0]
+        elif algo == "grpo":  # lam 0: Ahat = A on every segment token
+            want = torch.where(mask.bool(), adv[:, None], torch.zeros(()))
         else:  # segment by segment, with advantage.py's functions, in a plain loop
             seg, want = runs_of_ones(mask), torch.zeros(3, 8)
             for b in range(3):
@@ -171,3 +173,17 @@ def test_grpo_agrees_with_verls_own_over_random_groupings():
             worst, where = float(diff.max()), [round(r, 1) for r in rewards[groups == k].tolist()]
     print(f"largest |verl - ours| over 200 random batches: {worst:.2e}, in the group {where}")
     assert worst < 1e-4
+
+
+def test_a_name_the_table_does_not_give_the_bridge_is_refused():
+    """The function that branches on the algorithm refuses a name it does not compute (a case of one, a
+    word of the old settings, an algorithm of the table the bridge cannot compute) instead of computing
+    SHARPO's segment credit; every name it takes comes from train.py's table (baselines.ALGORITHMS)."""
+    from baselines import ALGORITHMS
+    from verl_bridge.verl_sharpo import BRIDGED, token_advantages
+
+    assert set(BRIDGED) <= set(ALGORITHMS) and {"sharpo", "stepopsd", "rlsd", "grpo"} <= set(BRIDGED)
+    adv, logp, seg = torch.tensor([1.0]), torch.zeros(1, 3), torch.tensor([[0, 0, -1]])
+    for name in ("Sharpo", "tokens", "token", "sigmoid", "gigpo", "sdar"):
+        with pytest.raises(ValueError, match="algo must be one of"):
+            token_advantages(adv, logp, logp, seg, 0.5, 0.2, algo=name)
