@@ -134,9 +134,8 @@ def needed_rows(moves: torch.Tensor, has_hindsight: torch.Tensor, kl: bool, teac
 
 @dataclass
 class Advantages:
-    """Stage 3: the direction of each row, from the rewards alone, and the rows stages 4-6 read:
-    `trained`, rows with A != 0 (every row with --kl-coef > 0); `taught`, rows with hindsight and
-    A != 0 (SDAR: every trained row with hindsight), section 4."""
+    """Stage 3: the direction of each row, from the rewards alone, and the rows stages 4-6 read
+    (needed_rows, section 4)."""
 
     row: torch.Tensor  # (B,) A_i of each row's trajectory (Eq. 1)
     trained: torch.Tensor  # (B,) bool: the rows the student pass and the update read

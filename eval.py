@@ -448,7 +448,8 @@ def load_model_policy(args: EvalArgs, ckpt: Path | None):
         model, tokenizer = load_checkpoint_policy(ckpt)
     else:
         model, tokenizer = load_policy(args.model, seed=args.seed, init_adapter=args.init_adapter,
-                                       dtype=args.dtype, lora_r=RunArgs.lora_r, lora_alpha=RunArgs.lora_alpha)
+                                       dtype=args.dtype, lora_r=RunArgs.lora_r,
+                                       lora_alpha=RunArgs.lora_alpha)  # a new adapter: it adds 0
     return ModelPolicy(model, tokenizer, args.max_new_tokens, args.temperature)
 
 

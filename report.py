@@ -235,7 +235,7 @@ class UpdateLog:
 def check_finite_policy(model, passes, row, args, iteration: int) -> None:
     """After an optimizer step: `row` scored again, and a step that made the policy's log-probs non-
     finite stops the run in one line, before anything of the iteration is checkpointed."""
-    logp = passes.batch_logprobs(model, rows=[row], temperature=args.temperature)  # (1, t)
+    logp = passes.micro_batch_logprobs(model, rows=[row], temperature=args.temperature)  # (1, t)
     if not torch.isfinite(logp).all():
         kept = f"the run keeps iteration {iteration - 1}" if iteration > 1 else "no checkpoint yet"
         raise UserError(f"iteration {iteration}: an optimizer step made the policy's sampling "
@@ -258,13 +258,14 @@ class RunLog:
         self.warmstart = trainer.warmstart  # the warm start the next checkpoint carries a copy of
         self.successes = [m["success"] for m in folder.logged()] if self.main else []  # the curve
         self.tracker = dashboard.open_tracker(args.report_to, args.output_dir, asdict(args)) if self.main else None
+        self.eval_env = None  # the held-out games' env, made at the first evaluation
 
     def evaluate(self) -> dict:
         """Greedy play of --eval-games held-out games: the line's eval/... metrics; each game's
         outcome in the run folder, as eval.py writes it (eval_<env>_<split>_iter-N.json)."""
         t = self.trainer
-        t.eval_env = t.eval_env or t.make_env(t.args.eval_games)
-        line, record = in_loop_evaluation(t.eval_env, t.model, t.tokenizer, t.args, t.iteration_done,
+        self.eval_env = self.eval_env or t.make_env(t.args.eval_games)
+        line, record = in_loop_evaluation(self.eval_env, t.model, t.tokenizer, t.args, t.iteration_done,
                                           t.history_len)
         self.folder.save_evaluation(t.iteration_done, record)
         return line
@@ -289,6 +290,8 @@ class RunLog:
 
     def close(self) -> None:
         dashboard.close(self.tracker)
+        if self.eval_env is not None:
+            self.eval_env.close()
 
 
 # ----------------------------------------------------------------------------- what a run prints

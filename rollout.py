@@ -1,8 +1,8 @@
 """Rollout: play batched multi-turn episodes with the policy, and score the sampled tokens.
 
 At every turn, one batched `generate` over all live episodes samples a response
-a_k ~ pi(. | c_k) from the policy itself (temperature 1, top_p 1, top_k 0, no repetition
-penalty). Each step keeps exactly the ids generate was fed (c_k) and sampled (a_k).
+a_k ~ pi(. | c_k) from the policy (at --temperature, top_p 1, top_k 0, no repetition penalty).
+Each step keeps exactly the ids generate was fed (c_k) and sampled (a_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
 computation, written here plainly (`row_logprobs`): one forward over the row, then
@@ -49,17 +49,18 @@ def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, ids[0, row.num_prompt :, None]).squeeze(-1)  # (n,)
 
 
-def batch_logprobs(model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
-    """The response log-probs of a few rows, (b, t), 0 past each row's response; with gradient
-    when grad is enabled (the update's pass)."""
+def micro_batch_logprobs(model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
+    """The update's pass over a micro-batch: its rows' response log-probs, (b, t), 0 past each
+    row's response; with gradient when grad is enabled."""
     t = max(len(r.response_ids) for r in rows)
     out = [row_logprobs(model, r, temperature) for r in rows]  # each (n,)
     return torch.stack([torch.nn.functional.pad(x, (0, t - len(x))) for x in out])  # (b, t)
 
 
-def rows_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0,
+def pass_logprobs(model, rows: list[Row | None], T: int, temperature: float = 1.0,
                   only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
-    """No-grad response log-probs of the rows `only` (B,) selects (default: all), (B, T), else 0."""
+    """A no-grad pass of stage 4 (the student's, the teacher's): the response log-probs of the rows
+    `only` (B,) selects (default: all), (B, T), 0 elsewhere."""
     out = torch.zeros(len(rows), T)  # (B, T)
     picked = [b for b in range(len(rows)) if only is None or only[b]]
     with torch.no_grad():
@@ -76,9 +77,8 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
     (B, T) each.
 
     The student scores its own rows (`student` (B,) selects which), the teacher the rows with the
-    hindsight block (`taught` (B,), within `student`). Both are kept over the response tokens only,
-    so position t of one is position t of the other although their contexts differ. Rows not
-    selected stay 0. watch: a stopwatch that gets each pass's seconds.
+    hindsight block (`taught` (B,), within `student`), over the response tokens only (segments.py:
+    aligned token for token). Rows not selected stay 0. watch: gets each pass's seconds.
     """
     if bool((taught & ~student).any()):
         raise ValueError("student_teacher_logprobs: a taught row must also be a student row (the "
@@ -86,10 +86,10 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
     watch = watch or (lambda name: contextlib.nullcontext())
     T = rows.response_mask.shape[1]
     with watch("student"):
-        logp_student = rows_logprobs(model, rows.rows, T, temperature, only=student,
+        logp_student = pass_logprobs(model, rows.rows, T, temperature, only=student,
                                      desc=f"{desc} student")  # (B, T)
     with watch("teacher"):
-        logp_teacher = rows_logprobs(model, rows.teacher_rows, T, temperature, only=taught,
+        logp_teacher = pass_logprobs(model, rows.teacher_rows, T, temperature, only=taught,
                                      desc=f"{desc} teacher")  # (B, T)
     return logp_student, logp_teacher
 

@@ -7,9 +7,10 @@ the tokens of a_k, every sampled token (end-of-turn included, when sampled). One
     teacher_k = [ ids(c_k) | hindsight block turn | header | a_k ]
                   the prompt (never trained on)            the segment (response_mask True)
 
-The teacher's row is the student's whole context and the block: it starts with the student's
-context token for token (`shared_prefix_len`), so speed.py's pass reads ids(c_k) once for both
-and computes only the teacher's tail; rollout.py's plain pass reads each row whole.
+The teacher's row is the student's context, then the block: both rows begin with ids(c_k), the
+student's then with the header, the teacher's with the block's turn (`shared_prefix_len` counts
+the ids they share, at most all but their prompts' last). speed.py's pass reads the shared ids
+once for both and computes only each row's tail; rollout.py's plain pass reads each row whole.
 Log-probs are kept over response tokens only, so the two rows align token for token.
 
 Shapes: B training rows (one per step), T response-token positions. This file also holds the
@@ -120,12 +121,8 @@ def shared_prefix_len(row: Row, teacher_row: Row) -> int:
 
 
 def sibling_hindsight(trajs: list[Trajectory]) -> list[str | None]:
-    """--hindsight sibling: each trajectory's hindsight text, or None (METHOD.md section 2).
-
-    The actions of the shortest successful trajectory of the same group (ties: lowest index),
-    never the trajectory itself: the lone success of a group, and every trajectory of a group
-    without success, get None.
-    """
+    """--hindsight sibling: each trajectory's hindsight text, or None, by METHOD.md section 2's
+    rule (a group mate's win, the shortest; never its own)."""
     out: list[str | None] = []
     for i, traj in enumerate(trajs):
         wins = [j for j, other in enumerate(trajs)

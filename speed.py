@@ -5,9 +5,10 @@ forward per row (`python train.py --plain` runs only that path; tests/test_logpr
 two agree to 1e-5 in float32). What is done here for speed and memory:
   - rows are batched `micro_batch_rows` at a time, padded, with attention masks and position ids
     that make the padding move nothing;
-  - the student's and its teacher's rows share a prefix (the student's whole context, segments.py):
-    one decoder pass over the student rows keeps its KV cache, and the teacher rows continue from it,
-    computing only their hindsight block, header and response;
+  - the student's and its teacher's rows share a prefix (the ids of the student's context before
+    its assistant header, segments.shared_prefix_len): one decoder pass over the student rows keeps
+    its KV cache, and the teacher rows continue from it, computing only their tail (the block's turn,
+    the header and the response);
   - the layers below the first one the update trains (--lora-layers) never change: the student pass
     keeps each row's input to that layer, and the update's passes (and the KL's reference) start
     there, computing only the layers it trains (`kept_input`);
@@ -51,8 +52,8 @@ class FastPath:
     micro_batch_rows: int = 4
     kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to the first trained layer)
 
-    def batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
-        """rollout.batch_logprobs: one padded pass over the rows; (b, t) on the model's device. Rows
+    def micro_batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
+        """rollout.micro_batch_logprobs: one padded pass over the rows; (b, t) on the model's device. Rows
         whose input to the first trained layer the student pass kept start there (kept_input)."""
         device = model.get_input_embeddings().weight.device
         batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
@@ -80,9 +81,9 @@ class FastPath:
             out[b, : h.shape[0]] = h
         return first, out.to(device)
 
-    def rows_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
+    def pass_logprobs(self, model, rows: list[Row | None], T: int, temperature: float = 1.0,
                       only: torch.Tensor | None = None, desc: str = "log-probs") -> torch.Tensor:
-        """rollout.rows_logprobs, micro-batch by micro-batch: (B, T), rows outside `only` 0."""
+        """rollout.pass_logprobs, micro-batch by micro-batch: (B, T), rows outside `only` 0."""
         device = model.get_input_embeddings().weight.device
         out = torch.zeros(len(rows), T)
         picked = [b for b in range(len(rows)) if only is None or only[b]]

@@ -1,19 +1,14 @@
 """Train: one loop on one GPU (or CPU) that turns episodes into SHARPO updates of a LoRA policy.
 
-Each iteration is seven stages, in METHOD.md's order; each returns what it computes:
-  1. rollout    G rollouts of each of --groups tasks, one generate a turn      -> trajectories
-  2. segments   one training row per step, and the hindsight teacher's row     -> Rows
-  3. advantage  A_i, GRPO over each group from the rewards alone (Eq. 1), and
-                which rows the next stages compute (section 4)                -> Advantages
-  4. logprobs   of the sampled tokens: the student's (before the update) and its
-                teacher's (hindsight context)                                 -> LogProbs
-  5. credit     Ahat = A_i * ((1 - lam) + lam * m_i,k) (Eq. 2-5)               -> Credit
-  6. update     PPO-clip on Ahat (+ KL to the reference, the adapter off), token-mean (Eq. 6-7)
-  7. log        the metrics line and a few sample trajectories
-Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a baseline of baselines.py). `train()`
-runs the iterations, evaluates every --eval-every and saves every --save-every. Lines marked [run]
-(run folder, logs, checks: infra/, report.py), [distributed] (several processes) and [speed]
-(speed.py: rollout.py's numbers, batched; --plain runs rollout.py's) may be skipped.
+Each iteration is seven stages in METHOD.md's order, `Trainer.iteration` below: 1. rollout,
+2. segments, 3. advantage, 4. logprobs, 5. credit, 6. update, 7. log; each a method (marked by its
+number) that returns what it computes. Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a
+baseline of baselines.py). `train()` runs the iterations; the main process evaluates every
+--eval-every, and a checkpoint is saved every --save-every and at the last. Lines marked [run]
+(run folder, logs, checks: infra/, report.py), [distributed] (several processes; the identity in
+one) and [speed] (speed.py, which a run uses: rollout.py's numbers, batched; --plain runs
+rollout.py's) compute nothing of the method; what they set (the iteration to start from, a step's
+go-ahead) the loop reads.
 
 Run: python train.py --env alfworld            (the CPU demo preset when no GPU is present)
 """
@@ -73,7 +68,6 @@ class Trainer:
         torch.manual_seed(args.seed)
         ckpt = find_checkpoint(args.resume) if args.resume else None  # [run] to continue from
         self.env = env or self.make_env(args.groups * args.group_size)  # checks the data first
-        self.eval_env = None
         self.tasks = training_tasks(self.env, args.split, args.max_plan_len)
         check_tasks(args, self.env)  # [run] the evaluation split holds the games asked for
         if model is None:  # a new LoRA over the (warm-started) base, or [run] the checkpoint's
@@ -140,7 +134,8 @@ class Trainer:
             rows.gap_mask, rows.gap_fallback = action_masks(self.tokenizer, rows.rows, T)  # (B, T)
         return rows
 
-    # 3. advantage: A_i over each group, from the rewards alone: the direction (sections 1, 4)
+    # 3. advantage: A_i over each group, from the rewards alone: the direction (Eq. 1); and which
+    # rows the next stages compute (section 4)
     def advantage(self, trajs: list[Trajectory], rows: Rows) -> Advantages:
         groups = torch.tensor([t.group for t in trajs])  # (N,) the group of each trajectory
         rewards = torch.tensor([t.reward for t in trajs])  # (N,) R_i
@@ -156,14 +151,15 @@ class Trainer:
             self.model, rows=rows, student=adv.trained, taught=adv.taught,
             temperature=self.args.temperature, desc=f"iter {self.iteration_done + 1}",
             watch=watch)  # (B, T) each
-        teacher = torch.where(adv.taught[:, None], teacher, student)  # no hindsight: m = 1
+        teacher = torch.where(adv.taught[:, None], teacher, student)  # not taught: m = 1
         return LogProbs(student, teacher)
 
-    # 5. credit: the token advantage Ahat, from A_i and the teacher's gap (sections 3-4)
+    # 5. credit: Ahat = A_i * ((1 - lam) + lam * m_i,k), from A_i and the teacher's gap (Eq. 2-5)
     def credit(self, rows: Rows, adv: Advantages, logp: LogProbs) -> Credit:
         return self.algo.credit(adv, logp, rows, self.args)  # advantage.py's SHARPO.credit
 
-    # 6. update: PPO-clip on Ahat, --minibatches optimizer steps per epoch, token-mean (section 5)
+    # 6. update: PPO-clip on Ahat (+ KL to the reference, the adapter off), --minibatches optimizer
+    # steps per epoch, token-mean (Eq. 6-7, section 5)
     def update(self, rows: Rows, adv: Advantages, logp: LogProbs, credit: Credit,
                watch=None) -> dict:
         args, it = self.args, self.iteration_done + 1
@@ -182,8 +178,8 @@ class Trainer:
             for part in length_batches(trained, rows.rows, args.micro_batch_rows):
                 batch = [rows.rows[i] for i in part]
                 logp_ref = self.reference(batch, watch)  # (b, t) the KL's, or None
-                logp_new = self.passes.batch_logprobs(self.model, rows=batch,
-                                                      temperature=args.temperature)  # (b, t) grad
+                logp_new = self.passes.micro_batch_logprobs(self.model, rows=batch,
+                                                            temperature=args.temperature)  # (b, t)
                 # PPO's old log-probs: the student's, once a step has moved the weights; before
                 # that logp_new itself, so the ratio is exactly 1 (section 5)
                 logp_old = rows_of(logp.student, part, logp_new) if moved else logp_new.detach()
@@ -214,8 +210,8 @@ class Trainer:
         if self.args.kl_coef == 0:
             return None
         with torch.no_grad(), self.model.disable_adapter(), timed(watch, "reference"):
-            return self.passes.batch_logprobs(self.model, rows=batch,
-                                              temperature=self.args.temperature)  # (b, t)
+            return self.passes.micro_batch_logprobs(self.model, rows=batch,
+                                                    temperature=self.args.temperature)  # (b, t)
 
     def loss(self, logp_new: torch.Tensor, logp_old: torch.Tensor, logp_ref, part: list[int],
              rows: Rows, logp: LogProbs, credit: Credit, counts: dict, log) -> torch.Tensor:
@@ -254,8 +250,6 @@ class Trainer:
 
     def close(self) -> None:
         self.env.close()
-        if self.eval_env is not None:
-            self.eval_env.close()
 
 
 def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:

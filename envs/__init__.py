@@ -1,10 +1,8 @@
 """Text environments: `Env`, the batched interface every env implements, and ENVS, their table.
 
-An episode's reward R_i (METHOD.md section 1) is the sum of its step rewards: 10 at the step that
-wins, -0.1 for each invalid action. The prompt asks for reasoning in <think>...</think>, then one
-<action>...</action>: a valid answer holds a think block and exactly one action block (their order
-is not checked: envs/answer.py) naming an action the env admits. An invalid one is not played:
-the state stays, and 0.1 is subtracted.
+An episode's reward R_i (METHOD.md section 1) is the sum of its step rewards. An invalid answer
+(envs/answer.py: the tags, in the verl-agent format; then an action the env does not admit) is not
+played: the state stays, and 0.1 is subtracted.
 """
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
-from errors import UserError
+from envs.table import EnvTable
 
 INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
 WIN_REWARD = 10.0  # added once, at the step that wins
@@ -44,7 +42,7 @@ class Env(ABC):
     default_eval_split: str  # the held-out split an evaluation plays by default
     default_max_steps: int  # an episode's steps when --max-steps is 0
     prompt_tokens: int  # its longest prompt at --history 2, for the GPU memory plan
-    # (the attributes above have no default: a class without one is refused, check_env)
+    # (a class without one of the five above is refused: envs/table.py)
     data_variable: str | None = None  # the environment variable naming its data folder
     real_data: str | None = None  # how to get the data the GPU presets need; None: it needs none
     held_out_split: str | None = None  # games no shipped warm start saw (tools/credit.py)
@@ -88,7 +86,7 @@ class Env(ABC):
         """Whether step() would play the answer `text` in `state`."""
 
     def data_digest(self) -> str | None:
-        """Its tasks in a hash: a resume checks it plays the data it began on (None: nothing to check)."""
+        """Its tasks in a hash: a resume checks it plays the data it began on (None: no check)."""
         return None
 
     def planner_plans(self, task_id: str, actions: list[str]) -> list[list[str] | None] | None:
@@ -99,26 +97,7 @@ class Env(ABC):
         """Release what it holds (engines, processes)."""
 
 
-def check_env(name: str, cls) -> None:
-    """One line (UserError) naming what a class registered as env `name` lacks of `Env`."""
-    missing = ["envs.Env as its base class"]
-    if isinstance(cls, type) and issubclass(cls, Env):
-        missing = [f"{m}()" for m in sorted(cls.__abstractmethods__)] + \
-            [a for a in Env.__annotations__ if not hasattr(cls, a)]
-    if missing:
-        raise UserError(f"env {name!r} ({getattr(cls, '__name__', cls)!r}) is not a whole env: "
-                        f"it lacks {', '.join(missing)} (envs.Env is the interface)")
-
-
-class EnvTable(dict):
-    """name -> an Env subclass, checked as it is registered; or "module:Class", imported and
-    checked when first asked for (envs/make.py)."""
-
-    def __setitem__(self, name: str, entry) -> None:
-        if not isinstance(entry, str):
-            check_env(name, entry)
-        super().__setitem__(name, entry)
-
-
-# --env's choices: a new env is a subclass of Env in one file, and one line here
-ENVS = EnvTable({"alfworld": "envs.alfworld:AlfWorldEnv", "webshop": "envs.webshop:WebShopEnv"})
+# --env's choices: a new env is a subclass of Env in one file, and one line here. The table checks a
+# class as it is registered, a "module:Class" when first asked for (envs/table.py).
+ENVS = EnvTable(Env, {"alfworld": "envs.alfworld:AlfWorldEnv",
+                      "webshop": "envs.webshop:WebShopEnv"})

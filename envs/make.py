@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from envs import ENVS, check_env
+from envs import ENVS
 from envs.workers import WorkerEnv
 from errors import UserError
 
@@ -28,7 +28,7 @@ def env_class(name: str) -> type:
         except ModuleNotFoundError as err:
             raise UserError(f"--env {name} needs the {err.name} package, which is not installed: "
                             "pip install -r requirements.txt (or bash install.sh)") from None
-    check_env(name, cls)
+    ENVS.check(name, cls)
     return cls
 
 

@@ -11,7 +11,7 @@ needs one of these values takes it as an argument.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -298,6 +298,35 @@ def preset_tables() -> str:
                         "|---|---|---|"]
                 out += [f"| `--{k.replace('_', '-')}` | {shown(v)} | {why} |" for k, (v, why) in extra.items()]
                 out.append("")
+    return "\n".join(out)
+
+
+TABLE_ROWS = (("temperature",), ("hindsight",), ("lam",), ("eps_m",), ("ppo_clip",), ("kl_coef",), ("lr",),
+              ("model",), ("init_adapter",), ("lora_r", "lora_alpha"))  # what the method reads, and the policy
+
+
+def table_cell(value) -> str:
+    """A value as the table of defaults shows it: none, a warm start by its folder's name, else as typed."""
+    if value is None:
+        return "none"
+    return Path(value).name if isinstance(value, str) and value.startswith(str(DATA)) else shown(value)
+
+
+def default_table(env: str = MethodArgs.env) -> str:
+    """METHOD.md's table of what runs by default: the flags the method's equations and teacher read,
+    and the policy (model, warm start, LoRA), under the GPU setting and each CPU preset (with --env
+    `env`), so that a reader of the method sees which hindsight, KL and temperature ran."""
+    from infra.models import QWEN_DEFAULT  # deferred: only the docs' test asks (the model code is heavy)
+
+    cpu = [p for p in PRESET_CHANGES if p.startswith("cpu-")]
+    values = {"gpu": {f.name: getattr(TrainArgs, f.name) for f in fields(TrainArgs)}}
+    values["gpu"]["model"] = f"{QWEN_DEFAULT} (4-bit)"
+    for p in cpu:
+        values[p] = {**values["gpu"], **preset_defaults(p, env)[1]}
+    out = ["| flag | GPU (`gpu`) | " + " | ".join(f"`{p}`" for p in cpu) + " |", "|---" * (len(cpu) + 2) + "|"]
+    for row in TABLE_ROWS:
+        cells = [", ".join(table_cell(values[p][n]) for n in row) for p in ["gpu", *cpu]]
+        out.append("| " + ", ".join(f"`--{n.replace('_', '-')}`" for n in row) + " | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

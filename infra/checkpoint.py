@@ -763,7 +763,9 @@ def check_optimizer_state(path: Path, state: dict, optimizer) -> None:
 
 # The random streams of a run, each seeded with seed * a + iteration + b * rank, so that a resumed run
 # draws what an uninterrupted one would: the placebo and the minibatches each iteration; sampling once a
-# process starts, on rank > 0 (rank 0 draws from the restored global generator).
+# process starts, on rank > 0 (rank 0 draws from the restored global generator). Each is a generator of
+# its own, but not always of its own seed: at --seed 0 on rank 0 the placebo's and the minibatches' seed
+# is the iteration for both (kept so: a resume, and every run saved so far, draws by these formulas).
 STREAMS = {"sampling": (1, 100_003), "placebo": (1_000_003, 0), "minibatches": (100_003, 7919)}
 
 

@@ -3,7 +3,8 @@ docstring (cleanrl's `Args`) or trailing comment; booleans get `--flag / --no-fl
 fields accept only their listed values; `X | None` fields take X, or `none` for None. Kept here, on
 top of tyro: which flags a command line gave (a preset's defaults yield to them, a resume may change
 only some), read from tyro's own parse, and a bad command line as one line (tyro draws a framed box).
-This file knows no script's flags: each script hands it its dataclass.
+This file knows no script's flags (each script hands it its dataclass) but the renamed ones: a saved
+run's config.json may still hold an old name, which every reader maps (RENAMED_FLAGS).
 
 User errors (a bad flag value, missing or corrupt data, a bad checkpoint) are `UserError`s:
 `run(main)` prints them as one line and exits with code 2, no traceback. Programming errors

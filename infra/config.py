@@ -4,8 +4,8 @@ A resumed run continues the same experiment: it takes the flags its checkpoint's
 recorded, and the command line may change only the flags the script names as changeable
 (`ResumeRules.may_change`: how long it runs, how often it evaluates, how it trades memory for time).
 `--resume CHECKPOINT --output-dir NEW` branches: a new run folder that continues from that
-checkpoint. What each flag means, and which may change, is the script's (flags.py for train.py);
-this file knows none of them.
+checkpoint. What each flag means, and which may change, is the script's (flags/parse.py's
+RESUME_RULES for train.py); this file knows none of them.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from infra.cli import with_current_names
 
 @dataclass(frozen=True)
 class ResumeRules:
-    """What a script's flags say of a resume (flags.py's RESUME_RULES for train.py)."""
+    """What a script's flags say of a resume (flags/parse.py's RESUME_RULES for train.py)."""
 
     may_change: tuple[str, ...]  # flags a resume may change; every other one is the run's
     session_only: tuple[str, ...]  # not given on a resume: their default, not the last session's

@@ -12,8 +12,8 @@ class StubEnv(Env):
     default_max_steps = 2
     prompt_tokens = 64
 
-    def __init__(self, max_steps: int = 2):
-        super().__init__(max_steps=max_steps)
+    def __init__(self, max_steps: int = 2, data_dir=None):  # StubEnv(2), or as envs/make.py builds it
+        super().__init__(data_dir, max_steps)
 
     def valid(self, state, text):
         return True

@@ -166,3 +166,90 @@ def test_the_flags_a_resume_may_change_are_the_code_s():
     paragraph = text[text.index("**Resuming.**"):].split("\n\n")[0]
     missing = [f for f in RESUME_MAY_CHANGE if f != "resume" and f"`--{f.replace('_', '-')}`" not in paragraph]
     assert not missing, f"docs/runs.md's Resuming paragraph omits {missing}"
+
+
+def _documented_default(cell: str, value):
+    """The default a docs/training.md cell states for a flag whose default is `value`, read as that
+    value's type: on/off for a bool, the leading number for a number, the leading word for a name."""
+    first = cell.split(" (")[0].strip().strip("`")
+    if isinstance(value, bool):
+        return {"on": True, "off": False}.get(first, first)
+    if isinstance(value, (int, float)):
+        try:
+            return type(value)(float(first))
+        except ValueError:
+            return first
+    return first
+
+
+def test_the_flag_table_states_each_default_the_code_has():
+    """docs/training.md's flag table gives each flag's default in the GPU setting: every stated
+    default (a flag whose default is not None: those are the device's, said in words) equals the
+    dataclass's value, compared as values, not only named."""
+    import dataclasses
+
+    import train
+
+    defaults = {f.name: getattr(train.TrainArgs, f.name) for f in dataclasses.fields(train.TrainArgs)}
+    text = (ROOT / "docs" / "training.md").read_text()
+    text = text[text.index("| flag | default"):text.index("## Presets")]  # the flag table, not the presets'
+    wrong, compared = [], 0
+    for flags_cell, default_cell in re.findall(r"^\| (`--[^|]+)\| ([^|]*)\|", text, re.M):
+        names = [f.replace("-", "_") for f in re.findall(r"`--([\w-]+)`", flags_cell)]
+        parts = default_cell.split(", ") if len(names) > 1 else [default_cell]
+        assert len(parts) == len(names), f"docs/training.md: {flags_cell} states {len(parts)} defaults"
+        for name, part in zip(names, parts):
+            if defaults[name] is None:
+                continue
+            compared += 1
+            if _documented_default(part, defaults[name]) != defaults[name]:
+                wrong.append(f"--{name}: docs say {part.strip()!r}, the code {defaults[name]!r}")
+    assert compared >= 40 and not wrong, wrong
+    from flags import MAX_EPISODES, MAX_NEW_TOKENS, MAX_OPTIMIZER_STEPS, MAX_STEPS
+
+    limits = re.sub(r"\s+", " ", (ROOT / "docs" / "training.md").read_text())
+    assert (f"more than {MAX_EPISODES} episodes an iteration, {MAX_STEPS} steps an episode, {MAX_NEW_TOKENS} new "
+            f"tokens a turn or {MAX_OPTIMIZER_STEPS} optimizer steps an iteration") in limits
+
+
+def test_method_md_s_table_of_defaults_is_the_code_s():
+    """METHOD.md's table of what runs by default (the GPU setting beside each CPU preset) is the one
+    flags.default_table() makes from the flags and presets, so its values cannot drift."""
+    from flags import default_table
+
+    assert default_table() in (ROOT / "METHOD.md").read_text(), (
+        "METHOD.md's table of defaults differs from the flags: paste python -c 'from flags import "
+        "default_table; print(default_table())' at the end of its section 7")
+
+
+def test_the_run_folder_docs_show_every_file_a_run_writes(tmp_path, monkeypatch, capsys):
+    """docs/runs.md's picture of a run folder names every file and folder a complete run writes (the
+    in-loop evaluations, `latest` and the lock included), in the run folder and in a checkpoint, and
+    the run keeps the newest --keep-checkpoints checkpoints it says it keeps."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import train
+    from envs import ENVS
+    from stub_env import StubEnv
+
+    torch.set_num_threads(1)
+    monkeypatch.setitem(ENVS, "stub", StubEnv)
+    run = tmp_path / "run"
+    train.main(["--env", "stub", "--model", "tiny", "--preset", "none", "--iterations", "3", "--groups", "2",
+                "--group-size", "2", "--max-new-tokens", "6", "--lora-r", "4", "--lora-alpha", "8", "--eval-every",
+                "2", "--eval-games", "2", "--keep-checkpoints", "2", "--output-dir", str(run)])
+    capsys.readouterr()
+    text = (ROOT / "docs" / "runs.md").read_text()
+    block = text[text.index("```\nruns/") + 4: text.index("```", text.index("```\nruns/") + 4)]
+    parts = {part for token in re.findall(r"[.\w<>/-]+", block) for part in token.split("/") if part}
+    patterns = [re.compile(re.sub(r"<\w+>", "[^_]+", re.escape(part)).replace("NNNNNN", r"\d{6}") + "$")
+                for part in parts]  # each name as shown; <env>: a word, NNNNNN: six digits
+    wrote = [p.name for p in run.iterdir()] + [p.name for p in (run / "checkpoints").iterdir()]
+    wrote += [p.name for p in sorted((run / "checkpoints").iterdir())[-1].iterdir()]
+    unnamed = [n for n in wrote if not any(p.match(n) for p in patterns)]
+    assert not unnamed, f"docs/runs.md's run folder does not show {unnamed}"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-000002", "iter-000003"]
+    assert "the newest\n`--keep-checkpoints`" in text or "the newest `--keep-checkpoints`" in text

@@ -57,8 +57,8 @@ def test_cached_logprobs_equal_a_plain_forward_over_the_full_rows(micro_batch_ro
     fast = FastPath(tok.pad_token_id, micro_batch_rows)
     logp_s, logp_t = fast.student_teacher_logprobs(model, rows=as_rows(rows, teacher_rows), student=student,
                                                    taught=taught)
-    full_s = FastPath(tok.pad_token_id, 1).rows_logprobs(model, rows=rows, T=T)
-    full_t = FastPath(tok.pad_token_id, 1).rows_logprobs(model, rows=teacher_rows, T=T)
+    full_s = FastPath(tok.pad_token_id, 1).pass_logprobs(model, rows=rows, T=T)
+    full_t = FastPath(tok.pad_token_id, 1).pass_logprobs(model, rows=teacher_rows, T=T)
     assert torch.allclose(logp_s, full_s, atol=1e-4, rtol=0), (logp_s - full_s).abs().max()
     assert torch.allclose(logp_t[taught], full_t[taught], atol=1e-4, rtol=0), (logp_t - full_t)[taught].abs().max()
     assert logp_t[~taught].abs().sum() == 0  # not asked: not computed
@@ -95,7 +95,7 @@ def test_bf16_weights_keep_the_lora_in_float32_and_score_in_float32():
     fast, batch = FastPath(tok.pad_token_id, 2), as_rows(rows, teacher_rows)
     ref_s, ref_t = fast.student_teacher_logprobs(fp32, rows=batch, student=every, taught=every)
     got_s, got_t = fast.student_teacher_logprobs(bf16, rows=batch, student=every, taught=every)
-    plain = rollout.rows_logprobs(bf16, rows=rows, T=T)
+    plain = rollout.pass_logprobs(bf16, rows=rows, T=T)
     assert got_s.dtype == torch.float32
     assert (got_s - ref_s).abs().max() < 0.05 and (got_t - ref_t).abs().max() < 0.05
     assert (got_s - plain).abs().max() < 0.05
@@ -140,13 +140,13 @@ def test_plain_and_fast_logprobs_are_equal():
     assert (plain_t[taught] - plain_s[taught]).abs().max() > 1e-3  # the block changes the log-probs
     T = batch.response_mask.shape[1]
     with model.disable_adapter():
-        ref_plain = rollout.rows_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
-        ref_fast = fast.rows_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
+        ref_plain = rollout.pass_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
+        ref_fast = fast.pass_logprobs(model, rows=rows, T=T, temperature=1.0, only=student)
     assert (ref_plain - ref_fast).abs().max() < 1e-5 and (ref_plain - plain_s).abs().max() > 1e-4
     grads = []
     for way in (rollout, fast):
         model.zero_grad()
-        logp = way.batch_logprobs(model, rows=rows, temperature=0.7)  # (b, t) with gradient, at another temperature
+        logp = way.micro_batch_logprobs(model, rows=rows, temperature=0.7)  # (b, t) with gradient, at another temperature
         logp.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         grads[-1]["logp"] = logp.detach()
@@ -187,7 +187,7 @@ def test_the_update_starting_at_the_first_trained_layer_computes_the_whole_pass(
 
     def pass_and_grads(passes, batch):
         model.zero_grad()
-        logp = passes.batch_logprobs(model, rows=batch)  # (b, t)
+        logp = passes.micro_batch_logprobs(model, rows=batch)  # (b, t)
         logp.sum().backward()
         return logp.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
@@ -201,4 +201,4 @@ def test_the_update_starting_at_the_first_trained_layer_computes_the_whole_pass(
     with torch.no_grad():  # the test can fail: other inputs at that layer give other log-probs
         kept = fast.kept[id(rows[0])][1]
         kept.mul_(1.5)
-        assert (fast.batch_logprobs(model, rows=rows[:2]) - whole).abs().max() > 1e-3
+        assert (fast.micro_batch_logprobs(model, rows=rows[:2]) - whole).abs().max() > 1e-3

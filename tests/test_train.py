@@ -107,7 +107,7 @@ def test_in_loop_evaluations_are_saved_and_the_moving_success_spans_iterations(t
     report.RECENT iterations, the resumed ones included."""
     args = _args(tmp_path, iterations=3, eval_every=2, eval_games=2)
     trainer = _trainer(args)
-    trainer.eval_env = StubEnv(args.max_steps)
+    trainer.make_env = lambda episodes: StubEnv(args.max_steps)  # the held-out games' env, as RunLog makes it
     lines = train.train(args, trainer)
     run = tmp_path / "run"
     record = json.loads((run / "eval_alfworld_test_iter-000002.json").read_text())

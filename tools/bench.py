@@ -225,10 +225,10 @@ class BenchTrainer(train.Trainer):
         self.model.eval()
         with metrics.timed(watch, "student"):
             fast = FastPath(self.tokenizer.pad_token_id, args.micro_batch_rows)
-            student = fast.rows_logprobs(self.model, rows=rows.rows, T=T, temperature=args.temperature,
+            student = fast.pass_logprobs(self.model, rows=rows.rows, T=T, temperature=args.temperature,
                                          only=adv.trained)  # (B, T)
         with metrics.timed(watch, "teacher"):
-            teacher = fast.rows_logprobs(self.model, rows=rows.teacher_rows, T=T, temperature=args.temperature,
+            teacher = fast.pass_logprobs(self.model, rows=rows.teacher_rows, T=T, temperature=args.temperature,
                                          only=adv.taught)  # (B, T) each teacher row whole
         return LogProbs(student, torch.where(adv.taught[:, None], teacher, student))  # the reference: in the update
 

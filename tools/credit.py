@@ -358,13 +358,13 @@ def score_steps(model, tokenizer, trajs: list[Trajectory], blocks: dict, labels:
     response_mask = response_masks(lengths, T)  # (B, T) True on the response, False on padding
     action_mask = action_masks(tokenizer, rows, T)[0]  # (B, T) tokens inside <action> (none: the whole response)
     fast = FastPath(tokenizer.pad_token_id, args.micro_batch_rows)
-    logp_student = fast.rows_logprobs(model, rows=rows, T=T, temperature=args.temperature, desc="student")  # (B, T)
+    logp_student = fast.pass_logprobs(model, rows=rows, T=T, temperature=args.temperature, desc="student")  # (B, T)
     logp_teachers = {}
     for name in TEACHERS:
         teacher_rows = [build_teacher_row(tokenizer, s.messages, s.response_ids,
                                           format_plan(EXPERT_HEADLINE, blocks[trajs[i].task_id][name]))
                         for i, _, s in steps_kept]
-        logp_teachers[name] = fast.rows_logprobs(model, rows=teacher_rows, T=T, temperature=args.temperature,
+        logp_teachers[name] = fast.pass_logprobs(model, rows=teacher_rows, T=T, temperature=args.temperature,
                                                  desc=f"teacher: {name}")  # (B, T)
     won = torch.tensor([trajs[i].won for i, _, _ in steps_kept])  # (B,)
     sign = torch.where(won, 1.0, -1.0)  # (B,) credit on won episodes, blame on failed ones

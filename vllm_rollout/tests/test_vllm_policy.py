@@ -41,7 +41,7 @@ def _move(model, seed):
 def _mean_abs(policy, model, tok, outs, **kw):
     rows = [build_row(tok, c, r) for c, (_, r, _) in zip(CONTEXTS, outs)]
     T = max(len(r.response_ids) for r in rows)
-    trainer = FastPath(tok.pad_token_id, 4).rows_logprobs(model, rows=rows, T=T)  # (B, T)
+    trainer = FastPath(tok.pad_token_id, 4).pass_logprobs(model, rows=rows, T=T)  # (B, T)
     diffs = [(torch.tensor(policy.sampled[(tuple(p), tuple(r))]) - trainer[b, : len(r)]).abs()
              for b, (p, r, _) in enumerate(outs)]
     return float(torch.cat(diffs).mean())
