@@ -162,7 +162,7 @@ def test_seeds_out_of_range_are_one_message_in_every_tool(tool, argv, needle, tm
 
 
 def test_a_stop_under_a_progress_bar_starts_its_own_line_and_the_exit_ignores_further_signals(capsys):
-    """The stop's line follows a cleared bar, not the half-drawn bar (the sweep saw
+    """The stop's line follows a cleared bar, not the half-drawn bar (tests/bad_inputs.py saw
     "...0/2 [00:00<?, ?turn/s]interrupted: ..."); once the command is over, a signal during the
     interpreter's exit is ignored (it ended the process with -2 and no line)."""
     import signal

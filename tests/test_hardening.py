@@ -361,7 +361,7 @@ def test_a_log_line_dropped_on_resume_is_reported_with_its_number(tmp_path, caps
 def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
     """As another user: a run whose checkpoints/ is mode 700, and an adapter of mode 000, were a
     PermissionError traceback and "holds no adapter". (The tests run as root, which reads everything: the
-    refusals are raised by hand here; tests/hostile_sweep.py runs them as nobody.)"""
+    refusals are raised by hand here; tests/bad_inputs.py runs them as nobody.)"""
     from infra import checkpoint
 
     run = tiny_run_folder(tmp_path)
