@@ -24,7 +24,7 @@ def test_check_config_refuses_what_the_launcher_does_not_run():
                                (["+sharpo.layout=per_trajectory", "+sharpo.eps_m=1.5"], "eps_m"),
                                (["+sharpo.layout=per_turn"], "layout must be one of 'per_step', 'per_trajectory'"),
                                (["+sharpo.layout=per_step"], "balance_batch=False"),
-                               # round seven: each of these trained something else, or failed only after the
+                               # settings that trained something else, or failed only after the
                                # first GPU rollout (in the first _update_actor)
                                (["+sharpo.layout=per_trajectory", "+sharpo.granularity=tokens"], "granularity"),
                                (["+sharpo.layout=per_trajectory", "+sharpo.granularity=Token"], "granularity"),
