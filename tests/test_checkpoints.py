@@ -2,20 +2,28 @@
 base, the warm start folded in), and loading one never runs code or accepts non-finite weights."""
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from peft import PeftModel
+from safetensors.torch import load_file, save_file
 
 import eval as eval_script
 import train
+from cli_runs import one_line as _one_line
+from cli_runs import run_cli as _cli
 from flags import WARMSTART
 from infra import checkpoint
 from infra.checkpoint import find_checkpoint, load_checkpoint_policy, save_policy
 from infra.cli import UserError
 from infra.models import build_tiny_model, build_tiny_tokenizer, load_policy, smollm2_gguf
 from stub_env import StubEnv
-from tiny_runs import flags, tiny_args, tiny_train
+from tiny_runs import flags, tiny_args, tiny_run_folder, tiny_train
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _logits(model, ids=(5, 9, 14, 3, 77, 12)) -> torch.Tensor:
@@ -161,3 +169,78 @@ def test_samples_stay_valid_json_and_nan_weights_are_refused(tmp_path):
     torch.save(state, ckpt / "optimizer.pt")
     with pytest.raises(UserError, match="non-finite"):
         checkpoint.load_optimizer_state(ckpt)
+
+
+# ----------------------------------------------------------------------------- a checkpoint is what it claims
+def _resume_trainer(run):
+    args = train.parse_args(["--resume", str(run), "--iterations", "2"])
+    return train.Trainer(args, env=StubEnv(args.max_steps))
+
+
+@pytest.mark.parametrize("damage", ["no lora_B", "renamed", "empty", "wrong shape"])
+def test_an_adapter_that_does_not_match_its_config_is_one_line(tmp_path, damage):
+    """peft loads an adapter file missing tensors with fresh LoRA weights in their place (a warning only): resume
+    and eval.py refuse it, naming the file."""
+    run = tiny_run_folder(tmp_path)
+    weights = run / "checkpoints" / "iter-000001" / "adapter_model.safetensors"
+    state = load_file(weights)
+    if damage == "no lora_B":
+        state = {k: v for k, v in state.items() if "lora_B" not in k}
+    elif damage == "renamed":
+        state = {k.replace("q_proj", "qq_proj"): v for k, v in state.items()}
+    elif damage == "empty":
+        state = {}
+    else:
+        key = next(k for k in state if "lora_A" in k)
+        state[key] = torch.zeros(3, 3)
+    save_file(state, weights)
+    said = "another base model" if damage == "wrong shape" else "adapter_model.safetensors"
+    with pytest.raises(UserError, match=said):
+        _resume_trainer(run)
+    done = _cli("eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games", "1", "--max-steps", "1")
+    _one_line(done, said)
+
+
+def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_path):
+    """--lr 1e30: the first optimizer step makes the logits overflow; the run stops in one line naming it,
+    and no checkpoint of that iteration is written. A checkpoint whose weights are near 1e30 (they pass the
+    finite check) is refused at resume and at eval, naming the checkpoint to go back to."""
+    import train
+
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=2, groups=1, group_size=4, max_steps=2,
+                                  max_new_tokens=8, lr=1e30, lora_r=4, lora_alpha=8, eval_every=0,
+                                  hindsight="expert", output_dir=str(tmp_path / "div")))
+    with pytest.raises(UserError, match="iteration 1: an optimizer step made the policy's sampling distribution "
+                                        "non-finite.*no checkpoint yet"):
+        train.train(args, train.Trainer(args, env=StubEnv(2)))
+    assert not list((tmp_path / "div").glob("checkpoints/iter-*"))
+    run = tiny_run_folder(tmp_path, "ok", iterations=2, keep_checkpoints=2)
+    ckpt = run / "checkpoints" / "iter-000002"
+    tensors = load_file(str(ckpt / "adapter_model.safetensors"))
+    save_file({k: v * 1e30 if "lora_B" in k else v for k, v in tensors.items()}, str(ckpt / "adapter_model.safetensors"))
+    with pytest.raises(UserError, match=r"iter-000002: its policy's sampling distribution is not finite.*go back to "
+                                        r".*iter-000001"):
+        train.Trainer(train.parse_args(["--resume", str(run), "--iterations", "3"]), env=StubEnv(2))
+    done = subprocess.run([sys.executable, "eval.py", "--policy", "model", "--checkpoint", str(run), "--num-games",
+                           "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "sampling distribution is not finite" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_checkpoint_removed_while_it_loads_is_one_line(tmp_path, monkeypatch):
+    """eval.py on a checkpoint a running run prunes as it loads: HFValidationError ('Repo id must be...')
+    before; now one line saying so and what to load instead."""
+    import shutil
+
+    from infra import checkpoint
+
+    run = tiny_run_folder(tmp_path)
+    ckpt = checkpoint.find_checkpoint(run)
+
+    def pruned(name, **kwargs):
+        shutil.rmtree(ckpt)
+        raise ValueError("Repo id must be in the form 'repo_name' or 'namespace/repo_name'")
+
+    monkeypatch.setattr(checkpoint, "load_policy", pruned)
+    with pytest.raises(UserError, match="was removed while it loaded .*load the run folder"):
+        checkpoint.load_checkpoint_policy(ckpt)

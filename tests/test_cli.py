@@ -9,10 +9,11 @@ import pytest
 import eval as eval_script
 import train
 import flags as train_flags
+from flags import LEARN_WARMSTART
 from flags.parse import describe
 from infra import checkpoint
-from infra.cli import UserError
-from tiny_runs import tiny_args, tiny_train
+from infra.cli import UserError, given_flags
+from tiny_runs import flags, tiny_args, tiny_run_folder, tiny_train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,7 @@ def test_seeds_out_of_range_are_one_message_in_every_tool(tool, argv, needle, tm
 
 
 def test_a_stop_under_a_progress_bar_starts_its_own_line_and_the_exit_ignores_further_signals(capsys):
-    """The stop's line follows a cleared bar, not the half-drawn bar (the sweep saw
+    """The stop's line follows a cleared bar, not the half-drawn bar (tests/bad_inputs.py saw
     "...0/2 [00:00<?, ?turn/s]interrupted: ..."); once the command is over, a signal during the
     interpreter's exit is ignored (it ended the process with -2 and no line)."""
     import signal
@@ -200,3 +201,101 @@ def test_the_demo_says_what_its_preset_changes_and_why():
     assert "--hindsight" not in mine and "--kl-coef 0.0" in mine
     assert "preset changes" not in describe(train.parse_args(["--preset", "none", "--model", "tiny",
                                                                       "--output-dir", "x"]))
+
+
+# ----------------------------------------------------------------------------- which flags were given: tyro's parse
+@pytest.mark.parametrize("order", ["help last", "help first"])
+def test_help_beside_resume_prints_help_and_trains_nothing(tmp_path, order, capsys):
+    """`--resume R --iterations 3 --help` trained iteration 3 and printed no help: the help flag was stripped
+    before the resume path, which never reached tyro."""
+    run = tiny_run_folder(tmp_path)
+    argv = ["--resume", str(run), "--iterations", "3"]
+    argv = argv + ["--help"] if order == "help last" else ["--help"] + argv
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(argv)
+    assert stop.value.code == 0 and "--iterations" in capsys.readouterr().out
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_underscore_spellings_mean_what_the_hyphens_mean(tmp_path):
+    """tyro takes `--max_steps` for `--max-steps`; the provenance scan knew only hyphens, so a resume ran a
+    changed experiment, kept training in place instead of branching, ignored allowed changes, and a preset's
+    warm start overrode the one the command line gave."""
+    run = tiny_run_folder(tmp_path)
+    with pytest.raises(UserError, match=r"--max-steps \(run: 2, given: 5\)"):
+        train.parse_args(["--resume", str(run), "--iterations", "3", "--max_steps", "5"])
+    branch = train.parse_args(["--resume", str(run), "--output_dir", str(tmp_path / "branch")])
+    assert branch.output_dir == str(tmp_path / "branch")
+    resumed = train.parse_args(["--resume", str(run), "--iterations", "3", "--eval_every", "1", "--eval_games", "2"])
+    assert (resumed.eval_every, resumed.eval_games) == (1, 2)
+    demo = train.parse_args(["--preset", "cpu-demo", "--init_adapter", str(LEARN_WARMSTART), "--output-dir", "x"])
+    assert demo.init_adapter == str(LEARN_WARMSTART)
+    given, asks_help = given_flags(train.TrainArgs, ["--max_steps=5", "--no_plain", "--shuffle_rewards"])
+    assert given == {"max_steps": 5, "plain": False, "shuffle_rewards": True} and not asks_help
+
+
+def test_compare_and_the_device_check_read_flags_as_the_parser_does(tmp_path):
+    """tools.compare labelled a placebo run "sharpo" (`--shuffle_rewards` passed its scan); the device check's
+    dry run timed the default batches under `--decode_batches 2`."""
+    from tools import compare, device_check
+
+    with pytest.raises(UserError, match="--shuffle-rewards is set by compare.py"):
+        compare.main(["--algos", "sharpo", "--out", str(tmp_path / "c"), "--", "--shuffle_rewards", "--model", "tiny"])
+    assert given_flags(device_check.DeviceCheckArgs, ["--decode_batches", "2"])[0] == {"decode_batches": "2"}
+
+
+# ----------------------------------------------------------------------------- empty is not absent; none in any case
+@pytest.mark.parametrize("argv", [["--resume", ""], ["--model", "", "--preset", "none"], ["--output-dir", ""],
+                                  ["--init-adapter", "", "--preset", "none", "--model", "tiny"]])
+def test_an_empty_value_is_an_error_not_the_default(argv):
+    """`--resume ''` (an unset $RUN) started a new run; `--model ''` trained the default model while
+    config.json recorded ''."""
+    with pytest.raises(UserError, match="'' is empty"):
+        train.parse_args(argv)
+
+
+def test_eval_with_an_empty_checkpoint_plays_no_base_model():
+    with pytest.raises(UserError, match="--checkpoint '' is empty"):
+        eval_script.main(["--policy", "model", "--checkpoint", ""])
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (["--load-in-4bit", "none"], "load_in_4bit", False),  # None: on a CPU, resolved to False
+    (["--init-adapter", "NONE"], "init_adapter", None),
+])
+def test_none_in_any_case_for_a_flag_that_takes_none(argv, field, value):
+    """The docs say an `X | None` flag takes `none`: tyro took only `None` (`--load-in-4bit none` refused)."""
+    args = train.parse_args(["--model", "tiny", "--preset", "none", "--output-dir", "x", *argv])
+    assert getattr(args, field) == value
+
+
+def test_eval_takes_none_for_its_optional_flags():
+    args = eval_script.parse_dataclass(eval_script.EvalArgs, ["--env", "none", "--max-steps", "none"])
+    assert args.env is None and args.max_steps is None
+
+
+def test_a_history_python_calls_a_digit_names_the_flag():
+    with pytest.raises(UserError, match="--history must be a non-negative integer"):
+        train.parse_args(["--history", "\u00b2", "--model", "tiny", "--preset", "none"])
+
+
+# ----------------------------------------------------------------------------- flags that conflict or take days
+def test_credit_refuses_a_model_beside_a_checkpoint(tmp_path):
+    from tools import credit
+
+    run = tiny_run_folder(tmp_path)
+    with pytest.raises(UserError, match="--model and --checkpoint"):
+        credit.main(["--checkpoint", str(run), "--model", "smollm2", "--out", str(tmp_path / "c")])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--minibatches", "100000000"], "optimizer steps per iteration"),
+    (["--ppo-epochs", "100000000"], "optimizer steps per iteration"),
+    (["--ppo-clip", "1e300"], r"--ppo-clip must be in \(0, 1\)"),
+])
+def test_sizes_that_take_days_and_a_clip_past_one_are_refused(tmp_path, argv, needle):
+    """--minibatches or --ppo-epochs of 10^8 (2,146 hours an iteration) and a PPO clip past 1 (a
+    RuntimeError in the update at b60459e) are refused before anything loads, naming the flag."""
+    with pytest.raises(UserError, match=needle):
+        train.parse_args(argv + flags(model="tiny", preset="none", output_dir=str(tmp_path / "r")))

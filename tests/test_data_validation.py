@@ -2,17 +2,21 @@
 naming the file, the entry and the field; data that would silently change the task is refused,
 or made usable (WebShop option values) with the task unchanged."""
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from cli_runs import one_line as _one_line
+from cli_runs import run_cli as _cli
 from envs.alfworld import AlfWorldEnv
 from envs.webshop import SHIPPED_DATA as WEBSHOP_DATA
 from envs.webshop import WebShopEnv
-from infra.cli import DataError
+from infra.cli import DataError, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,3 +157,60 @@ def test_train_stops_on_bad_data_before_loading_a_model(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "game.tw-pddl is missing" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# ----------------------------------------------------------------------------- unreadable files, empty splits
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_webshop_data_file_that_is_no_regular_file_is_one_line(tmp_path, kind):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "data" / "webshop", data)
+    target = data / "items_shuffle.json"
+    target.unlink()
+    os.mkfifo(target) if kind == "fifo" else target.mkdir()
+    clock = time.perf_counter()
+    done = _cli("eval.py", "--env", "webshop", "--policy", "random", "--data-dir", str(data), "--num-games", "1",
+                timeout=60)
+    _one_line(done, "not a regular file")
+    assert time.perf_counter() - clock < 60
+
+
+def test_an_unreadable_webshop_file_is_one_line(tmp_path, monkeypatch):
+    """A WebShop data file that cannot be read (another user's, mode 600: a PermissionError at
+    b60459e, from train.py and eval.py) is one line naming the file and what to do, as ALFWorld's is.
+    Simulated: this test runs as root, whom permissions do not stop."""
+    import shutil
+    from pathlib import Path as _Path
+
+    from envs.webshop import WebShopEnv
+    from errors import DataError
+
+    root = tmp_path / "shop"
+    shutil.copytree(ROOT / "data" / "webshop", root)
+    real = _Path.read_text
+
+    def denied(self, *a, **k):
+        if self.name.startswith("items_shuffle"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(_Path, "read_text", denied)
+    with pytest.raises(DataError, match=r"cannot read .*items_shuffle.*Permission denied.*chmod"):
+        WebShopEnv(data_dir=root)
+
+
+def test_an_empty_split_is_one_line_not_a_draw_that_never_ends():
+    """A split with no task (a WebShop folder whose one goal went to the other split) is a one-line
+    error where the tasks are read, for training and for an evaluation: at b60459e training drew from
+    nothing forever (holding the run's lock), and eval.py reported 0 episodes as success 0.0."""
+    from types import SimpleNamespace
+
+    from envs.make import training_tasks
+    from eval import pick_games
+
+    empty = SimpleNamespace(name="webshop", tasks=lambda split: [], task_type=lambda t: "x")
+    with pytest.raises(UserError, match="the train split of webshop's data holds no task"):
+        training_tasks(empty, "train")
+    with pytest.raises(UserError, match="the test split of webshop's data holds no game"):
+        pick_games(empty, "test", 3)

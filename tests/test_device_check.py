@@ -5,8 +5,12 @@ five ways, the 7B in bf16, the course card's iteration at its preset's sizes) wr
 each peak beside infra/memory.py's figure for it."""
 import json
 import re
+import zipfile
 from pathlib import Path
 
+import pytest
+
+from infra.cli import UserError
 from tools import device_check
 
 
@@ -93,3 +97,19 @@ def test_docs_give_the_next_two_calls_in_order():
         args = device_check.parse_dataclass(device_check.DeviceCheckArgs, words)
         assert device_check.part_list(args, [64]) and args.budget_s <= most
         assert args.out == f"$OUT/device_check_next{n}.json"
+
+
+def test_a_damaged_wheel_is_one_line(tmp_path):
+    from tools import device_check
+
+    (tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(UserError, match="not a whole wheel"):
+        device_check.slim_bitsandbytes(tmp_path)
+    good = tmp_path / "good"
+    good.mkdir()
+    with zipfile.ZipFile(good / "bitsandbytes-0.50.2-py3-none-any.whl", "w") as z:
+        z.writestr("bitsandbytes/libbitsandbytes_cuda121.so", b"x")
+        z.writestr("bitsandbytes/libbitsandbytes_cuda130.so", b"y")
+    device_check.slim_bitsandbytes(good)
+    with zipfile.ZipFile(good / "bitsandbytes-0.50.2-py3-none-any.whl") as z:
+        assert z.namelist() == ["bitsandbytes/libbitsandbytes_cuda130.so"]

@@ -177,3 +177,26 @@ def test_dtype_auto_is_bf16_on_a_gpu_that_has_it_and_the_given_value_otherwise(m
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
     assert resolve_dtype("auto", "cuda", "smollm2") == "fp32"
     assert resolve_dtype("fp32", "cpu", "smollm2") == "fp32" and resolve_dtype("bf16", "cpu") == "bf16"
+
+
+def test_a_full_disk_under_the_model_cache_falls_back_to_the_model_file(tmp_path, monkeypatch):
+    """The embedded model's one-time conversion on a full file system (safetensors says so as its own error
+    type: a SafetensorError traceback before) says why and reads the GGUF file instead."""
+    import transformers
+    from safetensors import SafetensorError
+
+    from infra import models
+
+    monkeypatch.setenv("SHARPO_CACHE", str(tmp_path / "cache"))
+    tiny = models.build_tiny_model(models.build_tiny_tokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: models.build_tiny_tokenizer())
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+
+    monkeypatch.setattr(type(tiny), "save_pretrained", full)
+    said = []
+    source = models.smollm2_folder(announce=said.append)
+    assert source.suffix == ".gguf" and "no space left on the device" in said[-1]

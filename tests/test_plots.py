@@ -7,6 +7,7 @@ from PIL import Image
 
 import train
 from infra.cli import UserError
+from infra.curves import draw_curves
 from infra.models import load_policy
 from stub_env import StubEnv
 from tools.plots import make_plots, multiplier_color, segments_html
@@ -70,3 +71,26 @@ def test_plots_escape_task_types():
               "advantage": 0.0, "hindsight": None, "segments": []}
     html = segments_html([sample], 0.2)
     assert "<script>x" not in html and "&lt;script&gt;" in html
+
+
+def test_a_broken_matplotlib_costs_a_complete_run_nothing(tmp_path, monkeypatch, capsys):
+    """A matplotlib failure other than OSError (ImportError, RuntimeError) ended a complete run with a
+    traceback and exit 1, so tools.compare reported it FAILED."""
+    from infra import curves
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "success": 0.5}) + "\n")
+
+    def broken(*args):
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(curves, "curves_png", broken)
+    assert draw_curves(tmp_path) is None and "RuntimeError: no backend" in capsys.readouterr().err
+
+
+def test_plots_of_a_log_with_an_iteration_beyond_float_draw_the_others(tmp_path):
+    from tools import plots
+
+    lines = [{"iteration": 1, "success": 0.5}, {"iteration": 10**400, "success": 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = plots.make_plots(tmp_path)
+    assert out["curves.png"].stat().st_size > 0

@@ -4,6 +4,7 @@ the timings (`decide`), the cache is validated where it is read, and a resumed r
 started with. No test times a real model: the timings are faked, or a tiny layer is timed."""
 import json
 import math
+import multiprocessing as mp
 import os
 import threading
 
@@ -241,3 +242,47 @@ def test_the_run_says_what_auto_chose_and_a_resumed_run_keeps_its_precision(tmp_
     monkeypatch.setattr(precision, "measured_cpu_dtype", lambda model, once=None: {
         **record, "dtype": "fp32", "ratio": 1.3, "low": 1.2, "high": 1.4, "cached": True})
     assert train.parse_args(["--resume", str(run), "--iterations", "2"]).dtype == "bf16"
+
+
+# the cache shared by processes: a lock, a fresh read
+
+def _measure(cache: str, model: str) -> None:
+    os.environ["SHARPO_CACHE"] = cache
+    import time as clock
+
+    from infra import precision as p
+
+    def once(bf16: bool) -> float:  # a clear verdict, slowly: both processes read the file before either writes
+        clock.sleep(0.05)
+        return 0.01 if bf16 else 0.03
+
+    p.measured_cpu_dtype(model, once=once, cap_s=1.0)
+
+
+def test_two_measurements_at_once_keep_both_records(tmp_path):
+    """Two processes measuring into one fresh $SHARPO_CACHE both said "kept in dtype.json" and one record
+    remained: each read at start and rewrote the whole file at the end."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_measure, args=(str(tmp_path), model)) for model in ("tiny", "smollm2")]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    records = json.loads((tmp_path / "dtype.json").read_text())
+    assert sorted(key.rsplit("| ", 1)[1] for key in records) == ["smollm2", "tiny"]
+
+
+def test_the_cache_keeps_what_another_process_wrote_since_it_was_read(tmp_path):
+    path = tmp_path / "dtype.json"
+    path.write_text(json.dumps({"other": {"dtype": "bf16"}}))
+    assert precision.write_cache(path, "mine", {"dtype": "fp32"}) is None
+    assert set(json.loads(path.read_text())) == {"other", "mine"}
+
+
+# a resume
+
+def test_resume_with_dtype_auto_is_the_runs_dtype(tmp_path):
+    """--dtype auto at a resume means what it resolves to here: the run's own precision, so no change."""
+    run = tiny_run_folder(tmp_path)  # its config.json holds what auto resolved to on this machine
+    assert train.parse_args(["--resume", str(run), "--dtype", "auto", "--iterations", "2"]).dtype == \
+        json.loads((run / "config.json").read_text())["dtype"]

@@ -12,9 +12,13 @@ import pytest
 import torch
 
 import train
+from cli_runs import one_line as _one_line
+from cli_runs import run_cli as _cli
 from infra import checkpoint
+from infra.checkpoint import RunFolder, find_checkpoint
 from infra.cli import UserError
-from tiny_runs import tiny_args, tiny_train
+from stub_env import StubEnv
+from tiny_runs import flags, tiny_args, tiny_run_folder, tiny_train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -265,3 +269,127 @@ def test_a_short_write_from_torch_on_a_full_disk_is_one_line_too(tmp_path, monke
     monkeypatch.setattr(checkpoint, "crash_hook", None)
     tiny_train(tiny_args(out, iterations=2, resume=str(out)))
     assert checkpoint.read_iteration(checkpoint.find_checkpoint(out)) == 2
+
+
+# ----------------------------------------------------------------------------- files well formed but wrong
+@pytest.mark.parametrize("damage", ["exp_avg shape", "lr string", "rng out of range", "rng negative", "metrics line",
+                                    "state ahead", "config without lr"])
+def test_well_formed_but_wrong_files_are_one_line_before_any_rollout(tmp_path, damage):
+    run = tiny_run_folder(tmp_path)
+    ckpt = run / "checkpoints" / "iter-000001"
+    if damage in ("exp_avg shape", "lr string"):
+        state = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        if damage == "exp_avg shape":
+            state["state"][0]["exp_avg"] = torch.zeros(7)
+        else:
+            state["param_groups"][0]["lr"] = "fast"
+        torch.save(state, ckpt / "optimizer.pt")
+    elif damage.startswith("rng"):
+        rng = json.loads((ckpt / "rng.json").read_text())
+        rng["python"][1][0] = 2**40 if damage == "rng out of range" else -5
+        (ckpt / "rng.json").write_text(json.dumps(rng))
+    elif damage == "metrics line":
+        (run / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    elif damage == "state ahead":
+        (ckpt / "state.json").write_text('{"iteration": 7}')
+    else:
+        config = json.loads((ckpt / "config.json").read_text())
+        del config["lr"]
+        (ckpt / "config.json").write_text(json.dumps(config))
+    done = _cli("train.py", "--resume", str(run), "--iterations", "2")
+    _one_line(done)
+    assert "iter 2" not in done.stdout  # nothing ran
+
+
+def test_a_copy_named_like_a_checkpoint_is_not_one(tmp_path):
+    """checkpoints/iter-99 (not six digits) is no checkpoint of the run: never the newest, never pruned."""
+    run = tiny_run_folder(tmp_path)
+    (run / "checkpoints" / "iter-000001").rename(run / "checkpoints" / "keep")
+    import shutil
+
+    shutil.copytree(run / "checkpoints" / "keep", run / "checkpoints" / "iter-000001")
+    shutil.copytree(run / "checkpoints" / "keep", run / "checkpoints" / "iter-99")
+    assert find_checkpoint(run).name == "iter-000001"
+
+
+# ----------------------------------------------------------------------------- one writer, no run inside another
+def test_removing_the_lock_file_lets_no_second_writer_in(tmp_path):
+    holder = RunFolder(tmp_path / "run")
+    holder.lock()
+    try:
+        (tmp_path / "run" / ".lock").unlink()
+        with pytest.raises(UserError, match="in use by another run"):
+            RunFolder(tmp_path / "run").lock()
+    finally:
+        holder.unlock()
+    second = RunFolder(tmp_path / "run")
+    second.lock()  # free again once the holder let go
+    second.unlock()
+
+
+@pytest.mark.parametrize("inside", ["latest", "checkpoints/iter-000001", "checkpoints", "sub/run"])
+def test_a_run_is_never_written_inside_another(tmp_path, inside):
+    """A new run aimed at another run's `latest`, one of its checkpoints, its checkpoints/ folder or any folder
+    below it is refused in one line before anything is written: the other run's files stay byte for byte."""
+    import train
+
+    parent = tiny_run_folder(tmp_path, "a")
+    before = {p: p.read_bytes() for p in parent.rglob("*") if p.is_file() and p.name != ".lock"}
+    args = train.parse_args(flags(model="tiny", preset="none", iterations=1, groups=1, group_size=2, max_steps=1,
+                                  max_new_tokens=4, output_dir=str(parent / inside)))
+    with pytest.raises(UserError, match=f"is inside the run folder {parent}"):
+        train.train(args, train.Trainer(args, env=StubEnv(1)))
+    after = {p: p.read_bytes() for p in parent.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before and not (parent / "sub").exists()
+
+
+# ----------------------------------------------------------------------------- logs and folders that cannot be read
+def test_a_log_line_dropped_on_resume_is_reported_with_its_number(tmp_path, capsys):
+    """A non-UTF-8 byte in metrics.jsonl line 1 deleted that line on resume without a word, and a line with
+    {"iteration": true} was kept as iteration 1: now each dropped line is named by its number on stderr, and
+    an iteration must be an integer (a boolean is none)."""
+    import train
+    from stub_env import StubEnv as Stub
+
+    run = tiny_run_folder(tmp_path, iterations=2)
+    path = run / "metrics.jsonl"
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(lines[0].replace(b'"iteration"', b'"iter\\xfftion"') + b"\n" + lines[1] + b"\n"
+                     + json.dumps({"iteration": True, "success": 0.5}).encode() + b"\n")
+    capsys.readouterr()
+    args = train.parse_args(["--resume", str(run), "--iterations", "3"])
+    train.train(args, train.Trainer(args, env=Stub(args.max_steps)))
+    err = capsys.readouterr().err
+    assert f"{path} line 1 is no log line: dropped" in err and f"{path} line 3 is no log line: dropped" in err
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["iteration"] for line in kept] == [2, 3]
+
+
+def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
+    """As another user: a run whose checkpoints/ is mode 700, and an adapter of mode 000, were a
+    PermissionError traceback and "holds no adapter". (The tests run as root, which reads everything: the
+    refusals are raised by hand here; tests/bad_inputs.py runs them as nobody.)"""
+    from infra import checkpoint
+
+    run = tiny_run_folder(tmp_path)
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "checkpoints":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(UserError, match=r"cannot read .*checkpoints \(Permission denied\): run as its owner"):
+        checkpoint.find_checkpoint(run)
+    monkeypatch.setattr(Path, "iterdir", real_iterdir)
+    real_open = open
+
+    def refusing(path, *a, **k):
+        if str(path).endswith("adapter_model.safetensors"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    with pytest.raises(UserError, match=r"cannot read .*adapter_model.safetensors \(Permission denied\)"):
+        checkpoint.checkpoint_adapters(checkpoint.find_checkpoint(run))

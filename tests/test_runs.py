@@ -18,7 +18,7 @@ import train
 from infra import checkpoint
 from infra.cli import UserError
 from stub_env import StubEnv
-from tiny_runs import tiny_args, tiny_run_folder, tiny_train
+from tiny_runs import flags, tiny_args, tiny_run_folder, tiny_train
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = ("seconds/", "tokens_per_s", "peak_memory")
@@ -413,3 +413,16 @@ def test_eval_writes_its_json_before_an_output_that_closes(tmp_path):
     assert proc.returncode == 141 and "Traceback" not in err
     assert err.strip().splitlines()[-1].endswith(f"every game was played and the results are in {path}")
     assert json.loads(path.read_text())["episodes"] == 2
+
+
+def test_a_run_with_stdin_and_stdout_closed_runs(tmp_path):
+    """`train.py ... >&- <&-`: Python starts with sys.stdout None; the run goes on, its lines going
+    nowhere (an AttributeError in infra/cli.py at b60459e)."""
+    command = [sys.executable, "train.py", *flags(model="tiny", preset="none", env="webshop", groups=1, group_size=2,
+                                                   max_steps=2, max_new_tokens=8, lora_r=4, lora_alpha=8,
+                                                   eval_every=0, hindsight="expert", iterations=1,
+                                                   output_dir=str(tmp_path / "run"))]
+    done = subprocess.run(["bash", "-c", " ".join(command) + " >&- <&-"], cwd=ROOT, capture_output=False,
+                          stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()

@@ -402,3 +402,23 @@ def test_the_text_curve_draws_each_iteration_and_the_change_since_the_first():
     assert metrics.text_curve([0.5, 0.0], "ascii") == "-_ -0.50"
     long = metrics.text_curve([0.0] * (metrics.CURVE_WIDTH + 3) + [1.0], "utf-8")
     assert long.startswith("~") and len(long.split()[0]) == metrics.CURVE_WIDTH + 1 and long.endswith("+1.00")
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_an_update_without_signal_moves_no_weight(tmp_path, plain):
+    """Every group tied (the tiny model never buys the right product) and --kl-coef 0.01: 4 iterations at
+    lr 1e-2 leave every LoRA weight exactly as it started, on the default (batched) path as with --plain.
+    At b60459e the reference's log-probs came from another pass than the update's, so the KL's gradient
+    was float noise (~1e-8) that AdamW turned into full-sized steps on the default path."""
+    args = train.parse_args(flags(model="tiny", preset="none", env="webshop", groups=1, group_size=2, max_steps=2,
+                                  max_new_tokens=8, lora_r=4, lora_alpha=8, eval_every=0, hindsight="expert",
+                                  lr=1e-2, seed=3, iterations=4, kl_coef=0.01, plain=plain,
+                                  output_dir=str(tmp_path / "run")))
+    trainer = train.Trainer(args)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    lines = train.train(args, trainer)
+    assert all(line["groups_with_spread"] == 0 for line in lines)  # every group tied: no learning signal
+    assert all("update/kl_ref" in line and line["seconds/reference"] > 0 for line in lines)  # the KL term ran
+    for name, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.detach(), before[name]), name

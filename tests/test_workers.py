@@ -135,3 +135,22 @@ def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def test_a_frozen_worker_counts_as_crashed_within_its_timeout():
+    """SIGSTOP one of two ALFWorld workers mid-episode: the step returns within the timeout, that worker's episodes
+    end as failed, it is killed and started anew, and the other worker's episodes go on."""
+    from envs.make import make_env
+
+    env = make_env("alfworld", workers=2, timeout=5)
+    try:
+        tasks = env.tasks("train")[:2]
+        env.reset(tasks)
+        os.kill(env._procs[0].pid, signal.SIGSTOP)
+        clock = time.perf_counter()
+        out = env.step(["<think>x</think><action>look</action>"] * 2)
+        assert time.perf_counter() - clock < 30
+        assert out[0].info.get("env_crash") and not out[1].info.get("env_crash")
+        assert env.crashes == 1 and env._procs[0].is_alive()  # a fresh worker in its place
+    finally:
+        env.close()

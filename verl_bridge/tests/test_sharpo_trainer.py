@@ -254,7 +254,7 @@ def test_hindsight_blocks_follow_the_sibling_rule_and_the_env_plan():
 
 
 def test_a_plan_given_as_a_string_is_refused_not_read_letter_by_letter():
-    """Round seven: an env plan written as one string became a block of one action a letter."""
+    """An env plan written as one string became a block of one action a letter."""
     tokenizer = tiny_tokenizer()
     batch = student_batch(tokenizer)
     batch.non_tensor_batch["expert_plan"][6] = "go to drawer 1"
