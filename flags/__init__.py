@@ -101,7 +101,7 @@ class RunArgs:
 
     preset: Literal["auto", "gpu", "course", "cpu-demo", "cpu-learn", "cpu-watch", "none"] = "auto"  # auto: cpu-demo without a GPU, else gpu; course: a 24 GB GPU
     model: str | None = None  # HF id or local path, "smollm2" (embedded) or "tiny"; default per device
-    load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: on for HF models on CUDA
+    load_in_4bit: bool | None = None  # 4-bit nf4 weights; default: infra.models.default_load_in_4bit's rule
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # compute precision; auto: bf16 on a GPU, on a CPU the faster, measured
     lora_r: int = 64  # LoRA rank (verl-agent: 64)
     lora_alpha: int = 64  # LoRA alpha (verl-agent: 64)

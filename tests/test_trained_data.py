@@ -140,7 +140,7 @@ def test_credit_plays_the_checkpoint_s_env(tmp_path, monkeypatch):
     monkeypatch.setattr(credit, "load", stop)
     with pytest.raises(UserError, match="stopped here"):
         credit.main(["--checkpoint", str(run), "--games", "1", "--seeds", "0"])
-    assert seen == [("webshop", credit.HELD_OUT["webshop"])]
+    assert seen == [("webshop", credit.held_out_split("webshop"))] and seen[0][1] == "test"
 
 
 @pytest.mark.slow
