@@ -137,7 +137,8 @@ def sdar_loss(logp_new: torch.Tensor, logp_teacher: torch.Tensor, logp_old: torc
 
 class SDAR(GRPO):
     """--algo sdar: GRPO's advantage, plus the gated term of Eq. 10, which reads every row with
-    hindsight (so those rows keep their student and teacher passes)."""
+    hindsight: every row keeps its student pass and its place in the update (reads_every_row), and
+    every row with hindsight its teacher pass, whatever its advantage."""
 
     reads_every_row = True
     verl = False  # a loss term of its own

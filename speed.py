@@ -5,10 +5,10 @@ forward per row (`python train.py --plain` runs only that path; tests/test_logpr
 two agree to 1e-5 in float32). What is done here for speed and memory:
   - rows are batched `micro_batch_rows` at a time, padded, with attention masks and position ids
     that make the padding move nothing;
-  - the student's and its teacher's rows share a prefix (the ids of the student's context before
-    its assistant header, segments.shared_prefix_len): one decoder pass over the student rows keeps
-    its KV cache, and the teacher rows continue from it, computing only their tail (the block's turn,
-    the header and the response);
+  - the student's and its teacher's rows share a prefix (segments.shared_prefix_len: the student's
+    context, and in ChatML the next turn's opening token): one decoder pass over the student rows
+    keeps its KV cache, and the teacher rows continue from it, computing only their tail (the rest of
+    the block's turn, the header and the response);
   - the layers below the first one the update trains (--lora-layers) never change: the student pass
     keeps each row's input to that layer, and the update's passes (and the KL's reference) start
     there, computing only the layers it trains (`kept_input`);

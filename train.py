@@ -2,7 +2,7 @@
 
 Each iteration is seven stages in METHOD.md's order, `Trainer.iteration` below: 1. rollout,
 2. segments, 3. advantage, 4. logprobs, 5. credit, 6. update, 7. log; each a method (marked by its
-number) that returns what it computes. Stages 2-6 ask --algo (advantage.py's SHARPO or GRPO, or a
+number) that returns what it computes. Stages 2-7 ask --algo (advantage.py's SHARPO or GRPO, or a
 baseline of baselines.py). `train()` runs the iterations; the main process evaluates every
 --eval-every, and a checkpoint is saved every --save-every and at the last. Lines marked [run]
 (run folder, logs, checks: infra/, report.py), [distributed] (several processes; the identity in

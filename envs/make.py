@@ -39,7 +39,11 @@ def make_env(name: str, data_dir=None, max_steps: int = 0, workers: int = 1, tim
     cls = env_class(name)
     if workers > 1 and cls.in_workers:
         return WorkerEnv(cls, workers, timeout=timeout, data_dir=data_dir, max_steps=max_steps)
-    return cls(data_dir=data_dir, max_steps=max_steps)
+    env = cls(data_dir=data_dir, max_steps=max_steps)
+    if not hasattr(env, "counts"):  # what envs.Env.__init__ sets, and the loop reads
+        raise UserError(f"--env {name}: {cls.__name__}.__init__ did not call super().__init__(data_dir, "
+                        "max_steps), which sets what the loop reads of an env (envs.Env)")
+    return env
 
 
 def resolve_workers(flag: int, batch: int) -> int:

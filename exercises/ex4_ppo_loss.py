@@ -13,8 +13,8 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, token_adv: torch
     logp_new (b, T): log-probs under the policy being trained (gradient flows through them);
     logp_old (b, T): the same tokens before the update (no gradient); r = exp(logp_new - logp_old);
     token_adv (b, T): Ahat; mask (b, T) bool: True = a trained token. These b rows are one
-    micro-batch of a minibatch; num_tokens is the count of trained tokens in the *whole*
-    minibatch, so that summing the losses (and gradients) of its micro-batches gives exactly the
+    micro-batch of a minibatch; num_tokens is the count of response tokens in the *whole*
+    minibatch (rows that sit out the update, their Ahat 0, included), so that summing the losses (and gradients) of its micro-batches gives exactly the
     minibatch's token mean. Returns a scalar.
     """
     raise NotImplementedError("exercise 4: write policy_loss (METHOD.md section 5)")

@@ -116,7 +116,7 @@ class RunArgs:
     rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
     vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
-    plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding
+    plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding; for this session only (a resume without it runs speed.py's)
     gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA
     eval_every: int = 10  # greedy evaluation every N iterations (0 = never)
     eval_split: str | None = None  # evaluation split; default: the env's (ALFWorld: valid_unseen, WebShop: test)

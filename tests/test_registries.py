@@ -138,3 +138,20 @@ def test_a_gpu_preset_does_not_ask_a_data_free_env_for_data(monkeypatch):
                 check(args)
         else:
             check(args)
+
+
+def test_an_env_whose_init_skips_the_interface_s_is_one_line(monkeypatch):
+    """An env whose own __init__ does not call Env.__init__ (which sets the seconds, counts and crashes
+    the loop reads) is one line when it is built, not an AttributeError in the first iteration."""
+    from envs.make import make_env
+    from infra.cli import UserError
+
+    class Forgetful(CoinEnv):
+        def __init__(self, data_dir=None, max_steps=0):
+            self.max_steps = max_steps or 2
+
+    monkeypatch.setitem(ENVS, "forgetful", Forgetful)
+    with pytest.raises(UserError, match=r"Forgetful.__init__ did not call super\(\).__init__\(data_dir, max_steps\)"):
+        make_env("forgetful")
+    monkeypatch.setitem(ENVS, "coin", CoinEnv)
+    assert make_env("coin", max_steps=1).counts == {"reset": 0, "step": 0}
