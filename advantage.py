@@ -124,9 +124,7 @@ def token_advantages(adv: torch.Tensor, gaps: torch.Tensor, response_mask: torch
 def needed_rows(moves: torch.Tensor, has_hindsight: torch.Tensor, kl: bool, teacher: bool = True,
                 reads_every_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(trained, taught), (B,) bool each: the rows the student pass and the update read, and the
-    rows the teacher scores (section 4). moves (B,): the rows whose Ahat can be != 0. A row whose
-    Ahat is 0 adds exactly 0 to the policy gradient: it sits out unless a KL term or the
-    algorithm's own (reads_every_row) reads it."""
+    rows the teacher scores, by section 4's rule. moves (B,): the rows whose Ahat can be != 0."""
     trained = moves | (kl or reads_every_row)  # (B,)
     taught = has_hindsight & (trained if reads_every_row else moves) & teacher  # (B,)
     return trained, taught

@@ -120,9 +120,9 @@ class LogProbs:
 
 # ------------------------------------------------------------------ sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
-    """Sample from the policy itself: top_p 1, top_k 0, no repetition penalty (temperature 0:
-    greedy). Installed as the model's own generation_config, so that none of its defaults (Qwen's
-    top_p 0.8, top_k 20, repetition penalty 1.05) is merged back in."""
+    """METHOD.md's sampling rule (temperature 0: greedy), installed as the model's own
+    generation_config, so that none of its defaults (Qwen's top_p 0.8, top_k 20, repetition
+    penalty 1.05) is merged back in."""
     eos = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:

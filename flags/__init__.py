@@ -302,7 +302,7 @@ def preset_tables() -> str:
 
 
 TABLE_ROWS = (("temperature",), ("hindsight",), ("lam",), ("eps_m",), ("ppo_clip",), ("kl_coef",), ("lr",),
-              ("model",), ("init_adapter",), ("lora_r", "lora_alpha"))  # what the method reads, and the policy
+              ("model",))  # what the method reads, and the policy
 
 
 def table_cell(value) -> str:
@@ -314,8 +314,8 @@ def table_cell(value) -> str:
 
 def default_table(env: str = MethodArgs.env) -> str:
     """METHOD.md's table of what runs by default: the flags the method's equations and teacher read,
-    and the policy (model, warm start, LoRA), under the GPU setting and each CPU preset (with --env
-    `env`), so that a reader of the method sees which hindsight, KL and temperature ran."""
+    and the model, under the GPU setting and each CPU preset (with --env `env`), so that a reader of
+    the method sees which hindsight, KL and temperature ran."""
     from infra.models import QWEN_DEFAULT  # deferred: only the docs' test asks (the model code is heavy)
 
     cpu = [p for p in PRESET_CHANGES if p.startswith("cpu-")]
