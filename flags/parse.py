@@ -35,8 +35,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     or a resumed run's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     given, asks_help = given_flags(TrainArgs, argv)  # rejects unknown flags and bad choices in one line
-    if "resume" in given and not asks_help:  # (an empty --resume is refused by the parse itself)
-        return resume_args(TrainArgs, given, RESUME_RULES)
+    if given.get("resume") is not None and not asks_help:  # --resume none: no resume, a new run
+        return resume_args(TrainArgs, given, RESUME_RULES)  # (an empty --resume: refused by the parse)
     preset, defaults = preset_defaults(given.get("preset", TrainArgs.preset), given.get("env", TrainArgs.env))
     args = parse_dataclass(TrainArgs, argv, description, defaults)  # --help: printed, with these defaults
     args.preset = preset
@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     resolve_defaults(args)
     check(args)
     return args
+
+
+RESOLVED_AT_START = ("model", "load_in_4bit", "gradient_checkpointing", "output_dir")  # their None: filled below
 
 
 def resolve_defaults(args: TrainArgs) -> None:
@@ -69,7 +72,9 @@ def resolve_defaults(args: TrainArgs) -> None:
 
 def resumed_values(given: dict, saved: dict) -> dict:
     """Flags given to a resume, as the run recorded such values: `--preset auto` and `--dtype auto` as
-    what they resolve to, --data-dir absolute."""
+    what they resolve to, --data-dir absolute; `none` for a flag whose None the run resolved as it
+    started (RESOLVED_AT_START) as that flag left out: the run's own value (--output-dir: its folder)."""
+    given = {k: v for k, v in given.items() if v is not None or k not in RESOLVED_AT_START}
     if given.get("preset") == "auto":  # auto is what the run resolved it to when it started
         given = {k: v for k, v in given.items() if k != "preset"}
     if given.get("dtype") == "auto":  # auto is what it resolves to here

@@ -30,6 +30,7 @@ class ResumeRules:
     session_only: tuple[str, ...]  # not given on a resume: their default, not the last session's
     later_flags: tuple[str, ...]  # added after some runs were saved: absent from one, their default
     normalize: Callable[[dict, dict], dict]  # (given, saved) -> given, as the run records such values
+    # (`none` included: what the flag left out would be)
     check: Callable[[object], None]  # the script's checks of a complete config (raise UserError)
 
 
@@ -47,6 +48,7 @@ def resume_args(cls, given: dict, rules: ResumeRules):
         ckpt = find_checkpoint(folder)
         run_dir = run_dir_of(ckpt)
         saved = read_config(ckpt)
+    given = rules.normalize(given, saved)
     out = Path(given["output_dir"]) if "output_dir" in given else run_dir
     branching = out.expanduser().resolve() != run_dir.expanduser().resolve()
     if branching and ckpt is None:
@@ -72,7 +74,6 @@ def resume_args(cls, given: dict, rules: ResumeRules):
     for k in absent:
         print(f"note: {where} has no {k!r} (a run from before that flag): taking {getattr(cls, k)!r}",
               file=sys.stderr)
-    given = rules.normalize(given, saved)
     changed = [k for k, v in given.items() if k not in rules.may_change and k in saved and saved[k] != v]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)

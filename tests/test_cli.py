@@ -12,7 +12,7 @@ import flags as train_flags
 from flags.parse import describe
 from infra import checkpoint
 from infra.cli import UserError
-from tiny_runs import tiny_args, tiny_train
+from tiny_runs import tiny_args, tiny_run_folder, tiny_train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,3 +200,18 @@ def test_the_demo_says_what_its_preset_changes_and_why():
     assert "--hindsight" not in mine and "--kl-coef 0.0" in mine
     assert "preset changes" not in describe(train.parse_args(["--preset", "none", "--model", "tiny",
                                                                       "--output-dir", "x"]))
+
+
+@pytest.mark.parametrize("spelling", ["none", "None", "NONE"])
+def test_none_for_a_run_folder_flag_is_that_flag_left_out(tmp_path, spelling):
+    """`none`, in any case, is None for a flag that takes it; for the flags whose None a run resolves as
+    it starts, a resume reads it as the flag left out: `--resume none` is no resume (a new run),
+    `--output-dir none` the run's own folder, `--gradient-checkpointing none` the run's own setting (not
+    null in config.json). Each was a pathlib TypeError or a null once."""
+    new = train.parse_args(["--resume", spelling, "--model", "tiny", "--preset", "none", "--output-dir", "x"])
+    assert new.resume is None and new.output_dir == "x"
+    run = tiny_run_folder(tmp_path)
+    assert train.parse_args(["--resume", str(run), "--resume", spelling, "--model", "tiny"]).resume is None
+    resumed = train.parse_args(["--resume", str(run), "--iterations", "2", "--output-dir", spelling,
+                                "--gradient-checkpointing", spelling])
+    assert Path(resumed.output_dir) == run and resumed.gradient_checkpointing is False
