@@ -169,9 +169,17 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
         target = dataclasses.make_dataclass(
             cls.__name__, [(k.__name__, typing.Annotated[k, tyro.conf.OmitArgPrefixes]) for k in groups])
         default = target(*[default_of(k) for k in groups])
-    with tyro._errors.on_parse_error(_refuse):
-        parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
-                          add_help=add_help, return_unknown_args=unknown, registry=NONE_IN_ANY_CASE)
+    shell = _completion_shell(argv)
+    if shell is not None and shell not in COMPLETION_SHELLS:
+        raise UserError(f"{argv[0]} {shell!r}: tyro writes completion scripts for {', '.join(COMPLETION_SHELLS)}")
+    try:
+        with tyro._errors.on_parse_error(_refuse):
+            parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
+                              add_help=add_help, return_unknown_args=unknown, registry=NONE_IN_ANY_CASE)
+    except OSError as err:  # the file of --tyro-write-completion
+        if shell is None:
+            raise
+        raise UserError(f"{argv[0]}: cannot write {err.filename} ({err.strerror}): pass another file") from None
     parsed, rest = parsed if unknown else (parsed, [])
     values = (dataclasses.asdict(parsed) if len(groups) == 1 else
               {k: v for part in dataclasses.fields(parsed) for k, v in dataclasses.asdict(getattr(parsed, part.name)).items()})
@@ -185,6 +193,18 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
         raise UserError(f"{', '.join(empty)} '' is empty: give {'it' if len(empty) == 1 else 'each'} a value, or "
                         "leave the flag out for its default")
     return values, rest
+
+
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh", "fish")  # those tyro writes a completion script for
+
+
+def _completion_shell(argv: list[str]) -> str | None:
+    """The SHELL of tyro's own flags, which it reads before the parse when one comes first on the
+    command line (`--tyro-print-completion SHELL`, `--tyro-write-completion SHELL FILE`), else None."""
+    flag = argv[0].replace("_", "-") if argv else None
+    if (flag == "--tyro-print-completion" and len(argv) >= 2) or (flag == "--tyro-write-completion" and len(argv) >= 3):
+        return argv[1]
+    return None
 
 
 def _none_rule(type_info):

@@ -215,3 +215,17 @@ def test_none_for_a_run_folder_flag_is_that_flag_left_out(tmp_path, spelling):
     resumed = train.parse_args(["--resume", str(run), "--iterations", "2", "--output-dir", spelling,
                                 "--gradient-checkpointing", spelling])
     assert Path(resumed.output_dir) == run and resumed.gradient_checkpointing is False
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tyro-print-completion", "nosuchshell"], "tyro writes completion scripts for bash, zsh"),
+    (["--tyro-write-completion", "bash", "/nonexistent/dir/x"], "cannot write /nonexistent/dir/x"),
+    (["--tyro_write_completion", "zsh", "/"], "cannot write /"),
+])
+def test_tyro_s_own_flags_fail_in_one_line(argv, needle):
+    """tyro reads its completion flags itself, before the parse that refuses a bad flag in one line: a
+    shell it writes no script for was an AssertionError, a file it cannot write a FileNotFoundError."""
+    with pytest.raises(UserError, match=needle):
+        train.parse_args(argv)
+    with pytest.raises(UserError, match=needle):
+        eval_script.main(argv)
