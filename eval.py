@@ -50,7 +50,8 @@ from flags import MethodArgs, RunArgs
 from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
                               load_checkpoint_policy, read_config, read_json, run_dir_of,
                               write_atomic)
-from infra.cli import OutputLost, Stopped, UserError, check_domains, choice_of, parse_dataclass, run
+from infra.cli import (OutputLost, Stopped, UserError, check_domains, choice_of, float_in,
+                       parse_dataclass, run)
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from segments import Trajectory
@@ -89,7 +90,7 @@ class EvalArgs:
     """with --model: precision (train.py's --dtype); a checkpoint keeps its run's"""
     checkpoint: str | None = None
     """a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder"""
-    temperature: float = 0.0
+    temperature: float_in("[0.01, 100]", also=0.0) = 0.0
     """sampling temperature for --policy model; 0 = greedy"""
     samples_per_game: int = 1
     """episodes per game (with --temperature > 0): each game's success is the share won"""
@@ -266,7 +267,7 @@ def print_table(metrics: dict, title: str) -> None:
 def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
     problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
-                             non_negative=("num_games", "max_steps", "temperature", "env_workers"))
+                             non_negative=("num_games", "max_steps", "env_workers"))
     problems += history_problems(args.history or PLAYED_AS_TRAINED["history"])
     if args.checkpoint and args.policy != "model":
         problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add "

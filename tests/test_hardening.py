@@ -248,14 +248,15 @@ def test_a_run_is_never_written_inside_another(tmp_path, inside):
 
 
 def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_path):
-    """--lr 1e30: the first optimizer step makes the logits overflow; the run stops in one line naming it,
-    and no checkpoint of that iteration is written. A checkpoint whose weights are near 1e30 (they pass the
+    """A learning rate of 1e30 (past --lr's range): the first optimizer step makes the logits overflow; the run
+    stops in one line naming it, and no checkpoint of that iteration is written. A checkpoint whose weights are near 1e30 (they pass the
     finite check) is refused at resume and at eval, naming the checkpoint to go back to."""
     import train
 
     args = train.parse_args(flags(model="tiny", preset="none", iterations=2, groups=1, group_size=4, max_steps=2,
-                                  max_new_tokens=8, lr=1e30, lora_r=4, lora_alpha=8, eval_every=0,
+                                  max_new_tokens=8, lr=1e-2, lora_r=4, lora_alpha=8, eval_every=0,
                                   hindsight="expert", output_dir=str(tmp_path / "div")))
+    args.lr = 1e30  # past the range --lr takes on a command line: a step made to overflow
     with pytest.raises(UserError, match="iteration 1: an optimizer step made the policy's sampling distribution "
                                         "non-finite.*no checkpoint yet"):
         train.train(args, train.Trainer(args, env=StubEnv(2)))

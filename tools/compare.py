@@ -80,7 +80,7 @@ import train
 from eval import IN_LOOP_RECORD  # train.py's --eval-every names, and no other
 from baselines import ALGORITHMS
 from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
-from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
+from infra.cli import UserError, check_domains, float_in, given_flags, parse_dataclass, run, seed_problems
 from envs.make import env_class
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -108,7 +108,7 @@ class CompareArgs:
     eval_max_steps: int = 8  # env steps per evaluation episode
     eval_new_tokens: int = 64  # response length limit in the evaluation
     eval_samples: int = 1  # episodes per held-out game; > 1 samples each game that often at --eval-temperature
-    eval_temperature: float = 0.0  # 0 = greedy; with --eval-samples, e.g. the runs' own --temperature
+    eval_temperature: float_in("[0.01, 100]", also=0.0) = 0.0  # 0 = greedy; with --eval-samples, e.g. the runs' own --temperature
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parse_dataclass(CompareArgs, own, description=__doc__)
-    problems = check_domains(args, positive=("jobs", "final_window", "eval_samples"), non_negative=("eval_temperature",))
+    problems = check_domains(args, positive=("jobs", "final_window", "eval_samples"))
     if args.eval_samples > 1 and args.eval_temperature == 0:
         problems.append(f"--eval-samples {args.eval_samples} would replay each greedy episode: add --eval-temperature "
                         "(e.g. the runs' --temperature)")
