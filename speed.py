@@ -70,11 +70,12 @@ class FastPath:
 
     def kept_input(self, rows: list[Row], L: int, device) -> tuple[int, torch.Tensor] | None:
         """(the first trained layer, the rows' kept inputs to it right-padded with zeros to L:
-        (b, L, H) on `device`), or None unless every row has one. The layers below it hold no trained
-        weight, so these are what a pass over those layers would compute now, to float rounding. The
-        layer is the one found when they were kept, not asked of the model again: with the adapter
-        off (the KL's reference pass) peft marks no weight as trained, and a reference that took the
-        whole pass would differ from the update's by rounding, its KL gradient not exactly 0."""
+        (b, L, H) on `device`), or None unless every row has one. The layers below it hold no
+        trained weight, so these are what a pass over those layers would compute now, to float
+        rounding. The layer is the one found when they were kept, not asked of the model again:
+        with the adapter off (the KL's reference pass) peft marks no weight as trained, and a
+        reference that took the whole pass would differ from the update's by rounding, its KL
+        gradient not exactly 0."""
         first = self.kept_layer
         if not rows or first == 0 or not all(id(row) in self.kept for row in rows):
             return None
