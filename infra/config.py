@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from errors import UserError
-from infra.checkpoint import find_checkpoint, read_config, read_iteration, read_json, run_checkpoints, run_dir_of
+from infra.checkpoint import (find_checkpoint, read_config, read_iteration, read_json, repair_latest, run_checkpoints,
+                              run_dir_of)
 from infra.cli import with_current_names
 
 
@@ -64,6 +65,7 @@ def resume_args(cls, given: dict, rules: ResumeRules):
                         f"checkpoint with --output-dir NEW_FOLDER")
     if not branching and ckpt is not None:
         check_unedited(run_dir, ckpt, saved, rules.may_change)
+        repair_latest(run_dir)  # before any refusal below: a finished run's resume is refused
     where = (ckpt or run_dir) / "config.json"
     problems = config_type_errors(cls, saved)
     known = {f.name for f in fields(cls)}

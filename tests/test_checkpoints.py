@@ -161,3 +161,27 @@ def test_samples_stay_valid_json_and_nan_weights_are_refused(tmp_path):
     torch.save(state, ckpt / "optimizer.pt")
     with pytest.raises(UserError, match="non-finite"):
         checkpoint.load_optimizer_state(ckpt)
+
+
+def test_latest_names_the_newest_complete_checkpoint_after_a_kill_between_rename_and_link(tmp_path, monkeypatch):
+    """A kill after the final checkpoint's rename and before `latest` is updated left `latest` at the
+    one before: a resume of the finished run is refused (nothing would run), so nothing wrote the link
+    again, and eval.py --checkpoint RUN/latest scored the older checkpoint. Now RUN/latest is read as
+    the run's newest complete checkpoint, and a resume, refused or not, points the link at it."""
+    class Killed(BaseException):  # kill -9: no handler runs
+        pass
+
+    def kill_at_the_final_rename(name):
+        if name == "checkpoint renamed" and (tmp_path / "run" / "checkpoints" / "iter-000002").is_dir():
+            raise Killed
+
+    monkeypatch.setattr(checkpoint, "crash_hook", kill_at_the_final_rename)
+    with pytest.raises(Killed):
+        tiny_train(tiny_args(tmp_path / "run", iterations=2))
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert os.readlink(run / "latest") == "checkpoints/iter-000001"  # what the kill left
+    assert find_checkpoint(run / "latest").name == "iter-000002"  # what eval.py --checkpoint RUN/latest scores
+    with pytest.raises(UserError, match="is at iteration 2 already"):
+        train.parse_args(["--resume", str(run), "--iterations", "2"])
+    assert os.readlink(run / "latest") == "checkpoints/iter-000002"

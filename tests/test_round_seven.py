@@ -27,7 +27,7 @@ import torch
 import eval as eval_script
 import train
 from flags import LEARN_WARMSTART
-from infra import precision
+from infra import checkpoint, precision
 from infra.cli import GuardedStream, UserError, given_flags
 from infra.curves import draw_curves
 from tiny_runs import tiny_run_folder
@@ -121,12 +121,13 @@ def test_a_history_python_calls_a_digit_names_the_flag():
 # ----------------------------------------------------------------------------- names claimed, outputs checked first
 def test_two_evaluations_of_one_checkpoint_claim_two_names(tmp_path):
     """Two `eval.py --checkpoint RUN` at once both picked the first free name, and one result was lost: the
-    name is claimed (created, exclusively) before any game, so the second takes the next."""
+    name is claimed (a hidden claim file beside it, created exclusively) before any game, so the second takes
+    the next."""
     run = tiny_run_folder(tmp_path)
     ckpt = run / "checkpoints" / "iter-000001"
     first = eval_script.claim_out_path("alfworld", "model", "test", ckpt)
     second = eval_script.claim_out_path("alfworld", "model", "test", ckpt)
-    assert first != second and first.is_file() and second.is_file()
+    assert first != second and checkpoint.claim_of(first).is_file() and checkpoint.claim_of(second).is_file()
     assert second.name == "evalpy_alfworld_test_iter-000001-2.json"
 
 

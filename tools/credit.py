@@ -68,8 +68,8 @@ from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs.answer import history_length, history_problems
 from envs.make import env_class, make_env, resolve_workers
 from envs import ENVS
-from eval import check_trained_data, check_writable, pick_games
-from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
+from eval import check_trained_data, pick_games
+from infra.checkpoint import check_writable, find_checkpoint, json_safe, load_checkpoint_policy, read_config
 from flags import BaselineArgs, MethodArgs, preset_defaults
 from infra.cli import UserError, check_domains, choice_of, flag_type, given_flags, parse_dataclass, run, seed_problems
 from infra.models import load_policy, resolve_dtype
