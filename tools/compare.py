@@ -249,8 +249,8 @@ def paired_bootstrap(a: dict[int, dict], b: dict[int, dict], n: int = BOOTSTRAP,
 
 def won_by_game(record: dict) -> dict | None:
     """{game: won} of an evaluation record (eval.py's JSON, or a run's in-loop evaluation)."""
-    games = record.get("games")
-    return {g: float(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
+    games = record.get("games")  # checked by evaluation_record
+    return {g: float(v["won"]) for g, v in games.items()} if games is not None else None
 
 
 def iteration_seconds(m: dict) -> float:
@@ -268,8 +268,10 @@ def wall_minutes(metrics: list[dict]) -> list[float]:
 
 
 def evaluation_record(path: Path) -> dict:
-    """An evaluation record (eval.py's JSON), checked where it is read: a JSON object whose `success` is
-    a number, else one line naming the file (a truncated, hand-made or foreign file is no result)."""
+    """An evaluation record (eval.py's JSON), every field compare reads checked here, where it is read: a
+    JSON object whose `success` is a number, `config` an object, `games` (when there) an object giving
+    each game's outcome as an object with a number `won`; else one line naming the file and the field
+    (a truncated, hand-made or foreign file is no result)."""
     record = read_json(path, "an evaluation record (eval.py's JSON)")
     success = record.get("success")
     if not isinstance(success, (int, float)) or isinstance(success, bool) or not math.isfinite(success):
@@ -277,6 +279,13 @@ def evaluation_record(path: Path) -> dict:
                         "record; move it out of the run folder, or evaluate again")
     if not isinstance(record.get("config", {}), dict):
         raise UserError(f"{path}: 'config' should be a JSON object: not an evaluation record")
+    games = record.get("games", {})
+    outcomes = games.values() if isinstance(games, dict) else [None]
+    if not all(isinstance(g, dict) and isinstance(g.get("won"), (int, float)) and math.isfinite(g["won"])
+               for g in outcomes):
+        raise UserError(f"{path}: 'games' should map each game to its outcome, {{\"won\": a number, ...}}, found "
+                        f"{json.dumps(games)[:40]}: not an evaluation record; move it out of the run folder, or "
+                        "evaluate again")
     return record
 
 
@@ -491,7 +500,7 @@ def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs
             continue
         record = evaluation_record(path)
         config = record.get("config", {})
-        played = record.get("games") if isinstance(record.get("games"), dict) else {}
+        played = record.get("games", {})  # checked by evaluation_record
         if (config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens
                 and config.get("split") == split and config.get("iteration") == iteration
                 and set(played) == games and all("samples" not in g for g in played.values())):
