@@ -354,7 +354,9 @@ RUN_ENTRY = re.compile(r"^(config\.json|metrics\.jsonl|samples\.jsonl|checkpoint
                        r"|tensorboard|segments\.(html|png)|curves\.png|per_type\.png)$")
 
 
-KEPT_ON_RESTART = ("config.json", ".lock", CHECKPOINTS)  # replaced by the new run, held by it, holds no checkpoint
+# What a restart keeps of a stopped run's folder: config.json (the new run writes its own), .lock (held
+# by the new run) and checkpoints/ (no complete checkpoint in it; what a kill half-wrote, the next save clears).
+KEPT_ON_RESTART = ("config.json", ".lock", CHECKPOINTS)
 
 
 def enclosing_run(path: Path) -> Path | None:
