@@ -30,9 +30,7 @@ import errors  # first: a Ctrl-C or kill while the imports below load is one lin
 errors.quiet_start(__name__)
 # isort: split
 
-import errno
 import json
-import os
 import random
 import re
 import time
@@ -47,10 +45,11 @@ from envs import ENVS
 from envs.answer import history_length, history_problems
 from envs.make import make_env, resolve_workers
 from flags import MethodArgs, RunArgs
-from infra.checkpoint import (STATE, check_path_lengths, file_system_problem, find_checkpoint,
-                              load_checkpoint_policy, read_config, read_json, run_dir_of,
-                              write_atomic)
-from infra.cli import OutputLost, Stopped, UserError, check_domains, choice_of, parse_dataclass, run
+from infra.checkpoint import (STATE, check_writable, claim_record, file_system_problem,
+                              find_checkpoint, give_back, load_checkpoint_policy, read_config,
+                              read_json, run_dir_of, write_atomic)
+from infra.cli import (OutputLost, Stopped, UserError, check_domains, choice_of, float_in,
+                       parse_dataclass, run)
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from segments import Trajectory
@@ -89,7 +88,7 @@ class EvalArgs:
     """with --model: precision (train.py's --dtype); a checkpoint keeps its run's"""
     checkpoint: str | None = None
     """a train.py run folder (its newest checkpoint) or checkpoints/iter-* folder"""
-    temperature: float = 0.0
+    temperature: float_in("[0.01, 100]", also=0.0) = 0.0
     """sampling temperature for --policy model; 0 = greedy"""
     samples_per_game: int = 1
     """episodes per game (with --temperature > 0): each game's success is the share won"""
@@ -266,7 +265,7 @@ def print_table(metrics: dict, title: str) -> None:
 def check_args(args: EvalArgs) -> None:
     """Reject bad flags before anything loads, naming the flag."""
     problems = check_domains(args, positive=("batch_size", "max_new_tokens", "samples_per_game"),
-                             non_negative=("num_games", "max_steps", "temperature", "env_workers"))
+                             non_negative=("num_games", "max_steps", "env_workers"))
     problems += history_problems(args.history or PLAYED_AS_TRAINED["history"])
     if args.checkpoint and args.policy != "model":
         problems.append(f"--checkpoint is for --policy model (got --policy {args.policy}): add "
@@ -332,16 +331,16 @@ def main(argv: list[str] | None = None) -> dict:
         out = claim_out_path(args.env, args.policy, split, ckpt)  # claimed: no other eval.py's
     try:
         metrics = play(args, env, task_ids, history_len, ckpt, split)
-    except BaseException:
-        if args.out is None and out.is_file() and out.stat().st_size == 0:
-            out.unlink(missing_ok=True)  # the name claimed for a result that never came
-        raise
-    try:  # the JSON first: an output stream that closes or fills below loses no result
-        write_atomic(out, json.dumps(metrics, indent=1))
-    except OSError as err:
-        why = file_system_problem(err, out.parent) or err.strerror or err
-        print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
-        raise UserError(f"cannot write {out} ({why}); the results are the table above") from None
+        try:  # the JSON first: an output stream that closes or fills below loses no result
+            write_atomic(out, json.dumps(metrics, indent=1))
+        except OSError as err:
+            why = file_system_problem(err, out.parent) or err.strerror or err
+            print_table(metrics, f"{args.env} / {split} / policy {args.policy}")
+            lost = f"cannot write {out} ({why}); the results are the table above"
+            raise UserError(lost) from None
+    finally:  # however it ends, the claim given back: the record is written, or none is coming
+        if args.out is None:
+            give_back(out)
     title = f"{args.env} / {split} / policy {args.policy}" + (f" / {ckpt}" if ckpt else "")
     try:
         print_table(metrics, title)
@@ -393,24 +392,6 @@ def check_trained_data(ckpt: Path, env, data_dir: str | None) -> None:
                         "evaluate on other data on purpose")
 
 
-def check_writable(out: Path) -> None:
-    """The JSON can be written at `out`: its folder made or there, no folder in the file's place, a
-    name and path the file system holds, the folder writable. One line saying what is wrong
-    otherwise."""
-    try:
-        if out.is_dir():
-            raise UserError(f"--out {out} is a folder: give the JSON file's path (e.g. "
-                            f"{out / 'eval.json'})")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        check_path_lengths(out.parent, out.name)
-        if not os.access(out.parent, os.W_OK):
-            raise PermissionError(errno.EACCES, "permission denied")
-    except OSError as err:
-        why = file_system_problem(err, out.parent) or err.strerror or err
-        raise UserError(f"cannot write {out} ({why}): pass another --out (for a checkpoint, its "
-                        "run folder is where the JSON goes by default)") from None
-
-
 IN_LOOP_RECORD = re.compile(r"eval_.+_iter-(\d{6,})\.json")  # train.py's own (--eval-every)
 
 
@@ -418,25 +399,15 @@ def claim_out_path(env: str, policy: str, split: str, ckpt: Path | None = None) 
     """runs/eval/<env>_<policy>_<split>.json; for a checkpoint, evalpy_<env>_<split>_<iter-N>.json
     in its run folder, or -2, -3, ... after the name where one is there: an evaluation of eval.py
     never replaces another, nor the run's own (eval_<env>_<split>_iter-N.json, train.py's). A
-    checkpoint's name is claimed now, before any game (created empty, exclusively), so that two
-    eval.py at once never pick the same one; the result replaces the empty file."""
+    checkpoint's name is claimed now, before any game (infra/checkpoint.py's claim_record: a hidden
+    file beside it, named like no record), so that two eval.py at once never pick the same one."""
     if ckpt is None:
         path = Path("runs") / "eval" / f"{env}_{policy}_{split}.json"
         check_writable(path)
         return path
     folder, stem = run_dir_of(ckpt), f"evalpy_{env}_{split}_{ckpt.name}"
     check_writable(folder / f"{stem}.json")
-    for k in range(1, 10_000):
-        path = folder / (f"{stem}.json" if k == 1 else f"{stem}-{k}.json")
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return path
-        except FileExistsError:
-            continue
-        except OSError as err:
-            why = file_system_problem(err, folder) or err.strerror or err
-            raise UserError(f"cannot write {path} ({why}): pass another --out") from None
-    raise UserError(f"{folder} holds 9,999 evaluations of {ckpt.name} already: pass --out")
+    return claim_record(folder, stem)
 
 
 def load_model_policy(args: EvalArgs, ckpt: Path | None):

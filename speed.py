@@ -50,14 +50,15 @@ class FastPath:
 
     pad_id: int
     micro_batch_rows: int = 4
-    kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to the first trained layer)
+    kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to layer kept_layer)
+    kept_layer: int = 0  # the first trained layer, found as the student pass kept the inputs to it
 
     def micro_batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
         """rollout.micro_batch_logprobs: one padded pass over the rows; (b, t) on the model's device. Rows
         whose input to the first trained layer the student pass kept start there (kept_input)."""
         device = model.get_input_embeddings().weight.device
         batch = {k: v.to(device) for k, v in collate_rows(rows, self.pad_id).items()}
-        batch["kept"] = self.kept_input(model, rows, batch["input_ids"].shape[1], device)
+        batch["kept"] = self.kept_input(rows, batch["input_ids"].shape[1], device)
         return response_logprobs(model, batch, temperature=temperature).float()  # (b, t)
 
     def keep(self, row: Row, states: torch.Tensor) -> None:
@@ -68,11 +69,15 @@ class FastPath:
         if held + states.nbytes <= KEEP_BYTES:
             self.kept[id(row)] = (row, states.to("cpu", copy=True))
 
-    def kept_input(self, model, rows: list[Row], L: int, device) -> tuple[int, torch.Tensor] | None:
-        """(the first layer that trains, the rows' kept inputs to it right-padded with zeros to L:
-        (b, L, H) on `device`), or None unless every row has one. The layers below it hold no trained
-        weight, so these are what a pass over those layers would compute now, to float rounding."""
-        first = first_trained_layer(model)
+    def kept_input(self, rows: list[Row], L: int, device) -> tuple[int, torch.Tensor] | None:
+        """(the first trained layer, the rows' kept inputs to it right-padded with zeros to L:
+        (b, L, H) on `device`), or None unless every row has one. The layers below it hold no
+        trained weight, so these are what a pass over those layers would compute now, to float
+        rounding. The layer is the one found when they were kept, not asked of the model again:
+        with the adapter off (the KL's reference pass) peft marks no weight as trained, and a
+        reference that took the whole pass would differ from the update's by rounding, its KL
+        gradient not exactly 0."""
+        first = self.kept_layer
         if not rows or first == 0 or not all(id(row) in self.kept for row in rows):
             return None
         states = [self.kept[id(row)][1] for row in rows]  # (len, H) each
@@ -120,7 +125,7 @@ class FastPath:
         picked = [b for b in range(len(rows)) if student[b]]
         decoder = model.get_decoder()
         self.kept.clear()  # the last iteration's rows
-        first = first_trained_layer(model)  # 0: every layer trains, nothing to keep
+        self.kept_layer = first = first_trained_layer(model)  # 0: every layer trains, nothing to keep
         with torch.no_grad(), autocast(model):
             for part in tqdm(length_batches(picked, rows, self.micro_batch_rows), desc=desc, unit="batch", leave=False):
                 shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1

@@ -20,10 +20,14 @@ import torch
 from baselines import ALGORITHMS
 from envs import ENVS
 from errors import UserError
-from infra.cli import choice_of
+from infra.cli import choice_of, float_in
 
 
 # ------------------------------------------------------------------ the flags
+# A float flag's type names the values it computes with (infra/cli.py's float_in, shown by --help): a
+# weight of a loss term or an advantage at most 100, a learning rate at most 1 (an AdamW step moves each
+# weight by about lr), a temperature in [0.01, 100] (the logits over T overflow near 0). Any other value
+# is refused in one line before anything loads.
 @dataclass
 class MethodArgs:
     """The method's flags (METHOD.md), their defaults the GPU setting."""
@@ -44,31 +48,31 @@ class MethodArgs:
     """response length limit per turn"""
     history: str = "2"
     """observation/action pairs in the prompt: an integer H, or "all" """
-    temperature: float = 1.0
+    temperature: float_in("[0.01, 100]") = 1.0
     """rollout sampling temperature (the log-probs divide the logits by the same)"""
     hindsight: Literal["sibling", "expert"] = "sibling"
     """the teacher's hindsight block: a successful group mate's actions, or the env's own plan"""
     episode_stats: Literal["trajectory", "step"] = "trajectory"
     """GRPO's group mean and std over trajectories, or over step rows (verl-agent)"""
-    lam: float = 0.5
+    lam: float_in("[0, 1]") = 0.5
     """the multiplier's weight: Ahat = A * ((1 - lam) + lam * m) (Eq. 5); 0 = GRPO, no teacher (sdar
     scales no advantage: it ignores lam)"""
-    eps_m: float = 0.2
+    eps_m: float_in("(0, 1)") = 0.2
     """the multiplier's bound: m in [1 - eps_m, 1 + eps_m] (Eq. 4)"""
     gap_tokens: Literal["all", "action"] = "all"
     """the tokens the segment gap averages: all of the response, or those of its last
     <action>...</action> block, tags included"""
-    ppo_clip: float = 0.2
+    ppo_clip: float_in("(0, 1)") = 0.2
     """PPO's ratio clip (Eq. 6)"""
-    kl_coef: float = 0.01
+    kl_coef: float_in("[0, 100]") = 0.01
     """the k3 KL to the reference, the adapter off (Eq. 7); 0 skips the reference pass"""
     shuffle_rewards: bool = False
     """a control, not a method: each group's rewards dealt out among its episodes by chance"""
-    lr: float = 3e-6
+    lr: float_in("(0, 1]") = 3e-6
     """AdamW's learning rate (verl-agent's LoRA setting: 3e-6)"""
-    weight_decay: float = 0.0
+    weight_decay: float_in("[0, 1]") = 0.0
     """AdamW's weight decay"""
-    grad_clip: float = 1.0
+    grad_clip: float_in("(0, inf)") = 1.0
     """the largest gradient norm an optimizer step takes"""
     minibatches: int = 2
     """optimizer steps per rollout batch and epoch"""
@@ -82,15 +86,15 @@ class MethodArgs:
 class BaselineArgs:
     """The baselines' own flags (baselines.py)."""
 
-    gigpo_gamma: float = 0.95
+    gigpo_gamma: float_in("[0, 1]") = 0.95
     """--algo gigpo: the discount of the step return R_t (Eq. 11)"""
-    gigpo_omega: float = 1.0
+    gigpo_omega: float_in("[0, 100]") = 1.0
     """--algo gigpo: the step advantage's weight, A_i + omega * A_step (Eq. 13)"""
     gigpo_norm: Literal["std", "mean"] = "std"
     """--algo gigpo: both advantages (R - mean) / std, or R - mean (verl-agent's mean_norm)"""
-    sdar_coef: float = 0.01
+    sdar_coef: float_in("[0, 100]") = 0.01
     """--algo sdar: the weight of the gated self-distillation term (Eq. 10)"""
-    sdar_beta: float = 5.0
+    sdar_beta: float_in("[0, 100]") = 5.0
     """--algo sdar: the gate's sharpness, sigmoid(beta * delta) (Eq. 10)"""
 
 
@@ -111,10 +115,10 @@ class RunArgs:
     split: str = "train"  # split the training tasks come from
     max_plan_len: int = 0  # keep only tasks whose expert plan has at most this many steps (0 = all)
     env_workers: int = 0  # ALFWorld: processes the episodes run in; 0 = CPU cores, capped by the batch; 1 = in-process
-    env_timeout: float = 600.0  # seconds an env worker may take for one reset or step (a frozen one: 20 s without a heartbeat)
+    env_timeout: float_in("(0, inf)") = 600.0  # seconds an env worker may take for one reset or step (a frozen one: 20 s without a heartbeat)
     rollout: Literal["hf", "vllm"] = "hf"  # who decodes the rollouts: hf (generate) | vllm (installed apart: vllm_rollout/)
     rollout_batch: int = 0  # --rollout hf: episodes per generate call (0 = every live one); bounds the prefill's memory
-    vllm_gpu_memory: float = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
+    vllm_gpu_memory: float_in("(0, 1)") = 0.35  # --rollout vllm on a GPU: the share of its memory vLLM may take beside training
     micro_batch_rows: int = 4  # rows per forward/backward (gradients accumulate over them)
     plain: bool = False  # only rollout.py's plain passes (one forward per row), not speed.py's: slower, equal to rounding; for this session only (a resume without it runs speed.py's)
     gradient_checkpointing: bool | None = None  # recompute activations in backward; default: on for CUDA

@@ -8,14 +8,12 @@ checkpoint recorded, of which only RESUME_MAY_CHANGE may change (infra/config.py
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
 
 import torch
 
-from advantage import check_mixing
 from baselines import ALGORITHMS
 from envs.answer import history_problems
 from envs.make import env_class
@@ -35,8 +33,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     or a resumed run's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     given, asks_help = given_flags(TrainArgs, argv)  # rejects unknown flags and bad choices in one line
-    if "resume" in given and not asks_help:  # (an empty --resume is refused by the parse itself)
-        return resume_args(TrainArgs, given, RESUME_RULES)
+    if given.get("resume") is not None and not asks_help:  # --resume none: no resume, a new run
+        return resume_args(TrainArgs, given, RESUME_RULES)  # (an empty --resume: refused by the parse)
     preset, defaults = preset_defaults(given.get("preset", TrainArgs.preset), given.get("env", TrainArgs.env))
     args = parse_dataclass(TrainArgs, argv, description, defaults)  # --help: printed, with these defaults
     args.preset = preset
@@ -45,6 +43,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     resolve_defaults(args)
     check(args)
     return args
+
+
+RESOLVED_AT_START = ("model", "load_in_4bit", "gradient_checkpointing", "output_dir")  # their None: filled below
 
 
 def resolve_defaults(args: TrainArgs) -> None:
@@ -69,7 +70,9 @@ def resolve_defaults(args: TrainArgs) -> None:
 
 def resumed_values(given: dict, saved: dict) -> dict:
     """Flags given to a resume, as the run recorded such values: `--preset auto` and `--dtype auto` as
-    what they resolve to, --data-dir absolute."""
+    what they resolve to, --data-dir absolute; `none` for a flag whose None the run resolved as it
+    started (RESOLVED_AT_START) as that flag left out: the run's own value (--output-dir: its folder)."""
+    given = {k: v for k, v in given.items() if v is not None or k not in RESOLVED_AT_START}
     if given.get("preset") == "auto":  # auto is what the run resolved it to when it started
         given = {k: v for k, v in given.items() if k != "preset"}
     if given.get("dtype") == "auto":  # auto is what it resolves to here
@@ -101,25 +104,15 @@ RESUME_RULES = ResumeRules(RESUME_MAY_CHANGE, SESSION_ONLY, LATER_FLAGS, resumed
 # ------------------------------------------------------------------ the checks
 def check(args: TrainArgs) -> None:
     """Reject bad settings before anything loads, each naming its flag and what to do."""
-    problems = check_domains(
+    problems = check_domains(  # every float flag: the range its type declares (flags/__init__.py)
         args,
         positive=("iterations", "groups", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
-                  "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "lr",
-                  "temperature", "ppo_clip", "grad_clip", "eval_games", "env_timeout"),
-        non_negative=("env_workers", "max_steps", "max_plan_len", "kl_coef", "sdar_coef", "sdar_beta", "weight_decay",
-                      "eval_every", "samples_per_iter", "gigpo_omega", "rollout_batch", "lora_layers"),
-        finite=("gigpo_gamma",),
+                  "micro_batch_rows", "save_every", "keep_checkpoints", "lora_r", "lora_alpha", "eval_games"),
+        non_negative=("env_workers", "max_steps", "max_plan_len", "eval_every", "samples_per_iter", "rollout_batch",
+                      "lora_layers"),
     )
     if args.algo not in ALGORITHMS:
         problems.append(f"--algo {args.algo!r} is no algorithm of this project: choose one of {', '.join(ALGORITHMS)}")
-    if math.isfinite(args.ppo_clip) and not args.ppo_clip < 1:  # r in [1 - clip, 1 + clip]: a ratio stays > 0
-        problems.append(f"--ppo-clip must be in (0, 1) (PPO's window is [1 - clip, 1 + clip]); got {args.ppo_clip}")
-    if math.isfinite(args.gigpo_gamma) and not 0 <= args.gigpo_gamma <= 1:  # a nan or inf is said once, above
-        problems.append(f"--gigpo-gamma must be in [0, 1]; got {args.gigpo_gamma}")
-    try:  # lam and eps_m: advantage.py's one check, its message
-        check_mixing(args.lam, args.eps_m)
-    except ValueError as err:
-        problems.append(str(err))
     for flag, value, limit in (("--groups x --group-size (episodes per iteration)", args.groups * args.group_size,
                                 MAX_EPISODES), ("--max-steps", args.max_steps, MAX_STEPS),
                                ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS),
@@ -144,8 +137,6 @@ def check(args: TrainArgs) -> None:
                         f"token and reads no gap; drop the flag for --algo {args.algo}")
     if args.rollout == "vllm" and (problem := vllm_missing()):
         problems.append(problem)
-    if not 0 < args.vllm_gpu_memory < 1:
-        problems.append(f"--vllm-gpu-memory is a share of the GPU's memory, between 0 and 1; got {args.vllm_gpu_memory}")
     if args.init_adapter and args.load_in_4bit:
         problems.append("--init-adapter merges into full-precision weights: add --load-in-4bit False")
     if args.init_adapter and not (Path(args.init_adapter) / "adapter_config.json").is_file() and not args.resume:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import fcntl
 import json
 import math
@@ -124,6 +125,53 @@ def write_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_writable(out: Path, flag: str = "--out") -> None:
+    """A file can be written at `out` (a script's output, named by `flag`): its folder made or there, no
+    folder in the file's place, a name and path the file system holds, the folder writable. One line
+    saying what is wrong otherwise, before any work."""
+    try:
+        if out.is_dir():
+            raise UserError(f"{out} is a folder, not a file: pass another {flag}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        check_path_lengths(out.parent, out.name)
+        if not os.access(out.parent, os.W_OK):  # why not: a read-only mount, or the folder's permissions
+            code = errno.EROFS if os.statvfs(out.parent).f_flag & os.ST_RDONLY else errno.EACCES
+            raise OSError(code, os.strerror(code))
+    except OSError as err:
+        why = file_system_problem(err, out.parent) or err.strerror or err
+        raise UserError(f"cannot write {out} ({why}): pass another {flag}") from None
+
+
+def claim_record(folder: Path, stem: str) -> Path:
+    """The first of folder/<stem>.json, <stem>-2.json, ... that holds no record and no other process
+    claims, claimed for this one: `.<name>.claim` created beside it, exclusively, so that two at once
+    never pick one name, and named like no record, so that no reader takes a claim for a result.
+    give_back removes it, the record written or none coming; a claim a kill left keeps its name from
+    later claims, which take the next."""
+    for k in range(1, 10_000):
+        path = folder / (f"{stem}.json" if k == 1 else f"{stem}-{k}.json")
+        try:
+            os.close(os.open(claim_of(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue
+        except OSError as err:
+            why = file_system_problem(err, folder) or err.strerror or err
+            raise UserError(f"cannot write {path} ({why}): pass another --out") from None
+        if not path.exists():  # a record written before this claim: the next name
+            return path
+        give_back(path)
+    raise UserError(f"{folder} holds 9,999 records named {stem}*.json already: pass --out")
+
+
+def claim_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.claim")
+
+
+def give_back(path: Path) -> None:
+    """The claim on `path` (claim_record) removed: its record is written, or none is coming."""
+    claim_of(path).unlink(missing_ok=True)
 
 
 def json_safe(value):
@@ -227,8 +275,9 @@ def check_latest(run_dir: Path) -> None:
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint folder, or a run folder (its newest complete checkpoint)."""
     p = Path(path)
-    if p.name == LATEST and p.is_symlink():  # RUN/latest: only as a pointer into RUN's own checkpoints
-        check_latest(p.parent)
+    if p.name == LATEST and p.is_symlink():  # RUN/latest: only as a pointer into RUN's own checkpoints,
+        check_latest(p.parent)  # and read as RUN, its newest: a kill may have left the link a save behind
+        p = p.parent
     complete = run_checkpoints(p)  # a run folder's own checkpoints first, even where a checkpoint was copied in
     if complete:
         return complete[-1]
@@ -300,8 +349,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # What train.py, eval.py and tools/plots.py write into a run folder (and their temporary names):
 # a new run refuses a folder that holds anything else.
 RUN_ENTRY = re.compile(r"^(config\.json|metrics\.jsonl|samples\.jsonl|checkpoints|latest|\.lock|\.latest\.tmp"
-                       r"|\.(config\.json|metrics\.jsonl|samples\.jsonl)\.tmp|eval_.*\.json|\.eval_.*\.json\.tmp"
+                       r"|\.(config\.json|metrics\.jsonl|samples\.jsonl)\.tmp|(eval|evalpy)_.*\.json"
+                       r"|\.(eval|evalpy)_.*\.json\.(tmp|claim)"
                        r"|tensorboard|segments\.(html|png)|curves\.png|per_type\.png)$")
+
+
+# What a restart keeps of a stopped run's folder: config.json (the new run writes its own), .lock (held
+# by the new run) and checkpoints/ (no complete checkpoint in it; what a kill half-wrote, the next save clears).
+KEPT_ON_RESTART = ("config.json", ".lock", CHECKPOINTS)
 
 
 def enclosing_run(path: Path) -> Path | None:
@@ -410,8 +465,24 @@ class RunFolder:
         if not resuming and run_checkpoints(self.path):
             raise UserError(f"{self.path} already holds a run; continue it with `python train.py --resume {self.path}`, "
                             "or choose another --output-dir")
-        if not resuming and self.main and any(p.exists() for p in (self.metrics, self.path / "config.json")):
-            print(f"{self.path} holds no checkpoint yet (a run stopped before its first one): starting it from iteration 1")
+        if not resuming and self.main:
+            self.clear_records()
+
+    def clear_records(self) -> None:
+        """A run started from nothing where a run stopped before its first checkpoint: what that run
+        wrote (its logs, evaluations, plots) removed, so that every record here is the new run's
+        (tools.compare and the plots read them so); one line says what went."""
+        if not (self.path / "config.json").exists() and not self.metrics.exists():
+            return
+        old = sorted(p for p in self.path.iterdir() if RUN_ENTRY.match(p.name) and p.name not in KEPT_ON_RESTART)
+        with writing(self.path, "the stopped run's records (removing them)"):
+            for p in old:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+        print(f"{self.path} holds no checkpoint yet (a run stopped before its first one): starting it from iteration 1"
+              + (f"; removed what that run wrote: {', '.join(p.name for p in old)}" if old else ""))
 
     def start(self, config: dict, iteration_done: int, data: str | None = None) -> None:
         """Write config.json, trim the logs to the restored iteration; data: the tasks' digest, which
@@ -492,10 +563,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, 
         final.rename(folder / f".trash-{final.name}")
     tmp.rename(final)
     crash_point("checkpoint renamed")
-    link = run_dir / f".{LATEST}.tmp"
-    link.unlink(missing_ok=True)
-    link.symlink_to(Path(CHECKPOINTS) / final.name)
-    os.replace(link, run_dir / LATEST)
+    point_latest(run_dir, final)
     crash_point("latest updated")
     for old in run_checkpoints(run_dir, complete_only=False)[:-keep]:  # only the run's own, strictly named
         trash = folder / f".trash-{old.name}"
@@ -504,6 +572,36 @@ def save_checkpoint(run_dir: Path, iteration: int, model, optimizer, rng: dict, 
     for stale in folder.glob(".trash-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def point_latest(run_dir: Path, ckpt: Path) -> None:
+    """`latest` replaced, atomically, by a link to the checkpoint `ckpt` of the run."""
+    link = run_dir / f".{LATEST}.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(CHECKPOINTS) / ckpt.name)
+    os.replace(link, run_dir / LATEST)
+
+
+def repair_latest(run_dir: Path) -> None:
+    """`latest` pointed at the run's newest complete checkpoint where a kill left it a save behind
+    (between a checkpoint's rename and the link's update: a resume of a finished run would be refused
+    and nothing else would write it again), unless a run holds the folder (its next save does it) or
+    the link is not the run's own pointer (check_latest's to refuse). One line says so."""
+    link, complete = run_dir / LATEST, run_checkpoints(run_dir)
+    own = link.is_symlink() and link.resolve().parent == (run_dir / CHECKPOINTS).resolve()
+    if not complete or not (own or not link.exists() and not link.is_symlink()):
+        return
+    if own and link.resolve() == complete[-1].resolve():
+        return
+    before = f"at {link.resolve().name}" if own else "missing"
+    try:
+        with open(run_dir / ".lock", "a+") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
+            point_latest(run_dir, complete[-1])
+    except OSError:  # held by a run, or a folder this user cannot write: readers take the newest anyway
+        return
+    print(f"note: {link} now names {complete[-1].name}, the newest complete checkpoint (a kill had left it "
+          f"{before})", file=sys.stderr)
 
 
 def save_policy(model, folder: Path, config: dict, warmstart: str | os.PathLike | None) -> None:

@@ -1,6 +1,7 @@
 """Command line from a config dataclass, built by tyro: one flag per field, its help from the field's
 docstring (cleanrl's `Args`) or trailing comment; booleans get `--flag / --no-flag`; `Literal[...]`
-fields accept only their listed values; `X | None` fields take X, or `none` for None. Kept here, on
+fields accept only their listed values; `X | None` fields take X, or `none` for None; a float field
+typed `float_in("(0, 1]")` takes the values it computes with, checked by check_domains. Kept here, on
 top of tyro: which flags a command line gave (a preset's defaults yield to them, a resume may change
 only some), read from tyro's own parse, and a bad command line as one line (tyro draws a framed box).
 This file knows no script's flags (each script hands it its dataclass) but the renamed ones: a saved
@@ -170,9 +171,17 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
         target = dataclasses.make_dataclass(
             cls.__name__, [(k.__name__, typing.Annotated[k, tyro.conf.OmitArgPrefixes]) for k in groups])
         default = target(*[default_of(k) for k in groups])
-    with tyro._errors.on_parse_error(_refuse):
-        parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
-                          add_help=add_help, return_unknown_args=unknown, registry=NONE_IN_ANY_CASE)
+    shell = _completion_shell(argv)
+    if shell is not None and shell not in COMPLETION_SHELLS:
+        raise UserError(f"{argv[0]} {shell!r}: tyro writes completion scripts for {', '.join(COMPLETION_SHELLS)}")
+    try:
+        with tyro._errors.on_parse_error(_refuse):
+            parsed = tyro.cli(target, args=argv, prog=_prog(), description=description, default=default,
+                              add_help=add_help, return_unknown_args=unknown, registry=NONE_IN_ANY_CASE)
+    except OSError as err:  # the file of --tyro-write-completion
+        if shell is None:
+            raise
+        raise UserError(f"{argv[0]}: cannot write {err.filename} ({err.strerror}): pass another file") from None
     parsed, rest = parsed if unknown else (parsed, [])
     values = (dataclasses.asdict(parsed) if len(groups) == 1 else
               {k: v for part in dataclasses.fields(parsed) for k, v in dataclasses.asdict(getattr(parsed, part.name)).items()})
@@ -186,6 +195,18 @@ def _tyro(cls, argv: list[str], description: str | None, defaults: dict, add_hel
         raise UserError(f"{', '.join(empty)} '' is empty: give {'it' if len(empty) == 1 else 'each'} a value, or "
                         "leave the flag out for its default")
     return values, rest
+
+
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh", "fish")  # those tyro writes a completion script for
+
+
+def _completion_shell(argv: list[str]) -> str | None:
+    """The SHELL of tyro's own flags, which it reads before the parse when one comes first on the
+    command line (`--tyro-print-completion SHELL`, `--tyro-write-completion SHELL FILE`), else None."""
+    flag = argv[0].replace("_", "-") if argv else None
+    if (flag == "--tyro-print-completion" and len(argv) >= 2) or (flag == "--tyro-write-completion" and len(argv) >= 3):
+        return argv[1]
+    return None
 
 
 def _none_rule(type_info):
@@ -295,19 +316,52 @@ def seed_problems(flag: str, seeds: list[int]) -> list[str]:
     return [f"{flag} must be in [0, 2^32); got {seed}" for seed in seeds if not 0 <= seed < SEED_LIMIT]
 
 
-def check_domains(args, positive: tuple = (), non_negative: tuple = (), finite: tuple = ()) -> list[str]:
-    """Problems with numeric flags, one string each, naming the flag (and --seed's range, when the
-    flags have one)."""
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The values a float flag computes with, written as a reader writes them: "(0, 1]" (a bracket
+    holds its end, a parenthesis does not; inf: no end), and `also`, one value outside it that means
+    something of its own (a temperature's 0: greedy)."""
+
+    text: str
+    also: float | None = None
+
+    def __contains__(self, value: float) -> bool:
+        low, high = (float(end) for end in self.text[1:-1].split(","))
+        above = value >= low if self.text[0] == "[" else value > low  # a nan is neither
+        below = value <= high if self.text[-1] == "]" else value < high
+        return value == self.also or (above and below)
+
+    def __str__(self) -> str:
+        return f"in {self.text}" if self.also is None else f"{self.also:g} or in {self.text}"
+
+
+def float_in(interval: str, also: float | None = None) -> type:
+    """The type of a float flag that takes the values of `interval` (Interval), and `also`: check_domains
+    refuses any other (a nan, an inf, a number whose computation overflows or divides by nearly 0) in
+    one line, with this range."""
+    values = Interval(interval, also)  # --help shows them: `--lr FLOAT in (0, 1]`
+    return typing.Annotated[float, values, tyro.conf.arg(metavar=f"FLOAT {values}")]
+
+
+def flag_type(cls, name: str) -> type:
+    """The type, range included, that the flags' dataclass `cls` declares for `name`: for a script's
+    flag that is another script's (tools.credit's --eps-m is train.py's)."""
+    return typing.get_type_hints(cls, include_extras=True)[name]
+
+
+def check_domains(args, positive: tuple = (), non_negative: tuple = ()) -> list[str]:
+    """Problems with numeric flags, one string each, naming the flag: each float flag outside the
+    values its type declares (float_in), each integer flag of `positive` or `non_negative` below that,
+    and --seed out of its range, when the flags have one."""
     problems = seed_problems("--seed", [args.seed]) if isinstance(getattr(args, "seed", None), int) else []
-    for name in positive + non_negative + finite:
-        value = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{flag} must be a finite number; got {value}")
-        elif name in positive and not value > 0:
+    for name, hint in typing.get_type_hints(type(args), include_extras=True).items():
+        for interval in [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Interval)]:
+            if getattr(args, name) not in interval:
+                problems.append(f"--{name.replace('_', '-')} must be {interval}; got {getattr(args, name)}")
+    for name in positive + non_negative:
+        value, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if value is not None and name in positive and not value > 0:
             problems.append(f"{flag} must be > 0; got {value}")
-        elif name in non_negative and not value >= 0:
+        elif value is not None and name in non_negative and not value >= 0:
             problems.append(f"{flag} must be >= 0; got {value}")
     return problems

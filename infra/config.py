@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from errors import UserError
-from infra.checkpoint import find_checkpoint, read_config, read_iteration, read_json, run_checkpoints, run_dir_of
+from infra.checkpoint import (find_checkpoint, read_config, read_iteration, read_json, repair_latest, run_checkpoints,
+                              run_dir_of)
 from infra.cli import with_current_names
 
 
@@ -30,6 +31,7 @@ class ResumeRules:
     session_only: tuple[str, ...]  # not given on a resume: their default, not the last session's
     later_flags: tuple[str, ...]  # added after some runs were saved: absent from one, their default
     normalize: Callable[[dict, dict], dict]  # (given, saved) -> given, as the run records such values
+    # (`none` included: what the flag left out would be)
     check: Callable[[object], None]  # the script's checks of a complete config (raise UserError)
 
 
@@ -47,6 +49,7 @@ def resume_args(cls, given: dict, rules: ResumeRules):
         ckpt = find_checkpoint(folder)
         run_dir = run_dir_of(ckpt)
         saved = read_config(ckpt)
+    given = rules.normalize(given, saved)
     out = Path(given["output_dir"]) if "output_dir" in given else run_dir
     branching = out.expanduser().resolve() != run_dir.expanduser().resolve()
     if branching and ckpt is None:
@@ -62,6 +65,7 @@ def resume_args(cls, given: dict, rules: ResumeRules):
                         f"checkpoint with --output-dir NEW_FOLDER")
     if not branching and ckpt is not None:
         check_unedited(run_dir, ckpt, saved, rules.may_change)
+        repair_latest(run_dir)  # before any refusal below: a finished run's resume is refused
     where = (ckpt or run_dir) / "config.json"
     problems = config_type_errors(cls, saved)
     known = {f.name for f in fields(cls)}
@@ -72,7 +76,6 @@ def resume_args(cls, given: dict, rules: ResumeRules):
     for k in absent:
         print(f"note: {where} has no {k!r} (a run from before that flag): taking {getattr(cls, k)!r}",
               file=sys.stderr)
-    given = rules.normalize(given, saved)
     changed = [k for k, v in given.items() if k not in rules.may_change and k in saved and saved[k] != v]
     if changed:
         flags = ", ".join(f"--{k.replace('_', '-')} (run: {saved[k]!r}, given: {given[k]!r})" for k in changed)

@@ -933,8 +933,8 @@ def another_users_data(work: Path, marker: Path, record) -> None:
 
 # ----------------------------------------------------------------------------- checkpoints: a diverged policy
 def diverged_policy(work: Path, marker: Path, record) -> None:
-    """--lr 1e30: the run stops at the step that made the policy non-finite, with no checkpoint of it; a
-    checkpoint whose weights are near 1e30 is refused at resume and by a sampled eval."""
+    """--lr 1e30: refused in one line at the start (past --lr's range), never a checkpoint of a diverged
+    policy; a checkpoint whose weights are near 1e30 is refused at resume and by a sampled eval."""
     # (the stub env: its rewards differ within a group, so the first step has a gradient to overflow)
     flags = [*STUB_FLAGS, "--output-dir", str(work / "checkpoints-diverge")]
     flags[flags.index("--lr") + 1] = "1e30"

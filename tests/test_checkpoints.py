@@ -202,14 +202,15 @@ def test_an_adapter_that_does_not_match_its_config_is_one_line(tmp_path, damage)
 
 
 def test_a_diverged_policy_is_named_at_the_step_that_made_it_and_at_load(tmp_path):
-    """--lr 1e30: the first optimizer step makes the logits overflow; the run stops in one line naming it,
-    and no checkpoint of that iteration is written. A checkpoint whose weights are near 1e30 (they pass the
-    finite check) is refused at resume and at eval, naming the checkpoint to go back to."""
+    """A learning rate of 1e30 (past --lr's range): the first optimizer step makes the logits overflow; the run
+    stops in one line naming it, and no checkpoint of that iteration is written. A checkpoint whose weights are
+    near 1e30 (they pass the finite check) is refused at resume and at eval, naming the checkpoint to go back to."""
     import train
 
     args = train.parse_args(flags(model="tiny", preset="none", iterations=2, groups=1, group_size=4, max_steps=2,
-                                  max_new_tokens=8, lr=1e30, lora_r=4, lora_alpha=8, eval_every=0,
+                                  max_new_tokens=8, lr=1e-2, lora_r=4, lora_alpha=8, eval_every=0,
                                   hindsight="expert", output_dir=str(tmp_path / "div")))
+    args.lr = 1e30  # past the range --lr takes on a command line: a step made to overflow
     with pytest.raises(UserError, match="iteration 1: an optimizer step made the policy's sampling distribution "
                                         "non-finite.*no checkpoint yet"):
         train.train(args, train.Trainer(args, env=StubEnv(2)))
@@ -244,3 +245,27 @@ def test_a_checkpoint_removed_while_it_loads_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "load_policy", pruned)
     with pytest.raises(UserError, match="was removed while it loaded .*load the run folder"):
         checkpoint.load_checkpoint_policy(ckpt)
+
+
+def test_latest_names_the_newest_complete_checkpoint_after_a_kill_between_rename_and_link(tmp_path, monkeypatch):
+    """A kill after the final checkpoint's rename and before `latest` is updated left `latest` at the
+    one before: a resume of the finished run is refused (nothing would run), so nothing wrote the link
+    again, and eval.py --checkpoint RUN/latest scored the older checkpoint. Now RUN/latest is read as
+    the run's newest complete checkpoint, and a resume, refused or not, points the link at it."""
+    class Killed(BaseException):  # kill -9: no handler runs
+        pass
+
+    def kill_at_the_final_rename(name):
+        if name == "checkpoint renamed" and (tmp_path / "run" / "checkpoints" / "iter-000002").is_dir():
+            raise Killed
+
+    monkeypatch.setattr(checkpoint, "crash_hook", kill_at_the_final_rename)
+    with pytest.raises(Killed):
+        tiny_train(tiny_args(tmp_path / "run", iterations=2))
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert os.readlink(run / "latest") == "checkpoints/iter-000001"  # what the kill left
+    assert find_checkpoint(run / "latest").name == "iter-000002"  # what eval.py --checkpoint RUN/latest scores
+    with pytest.raises(UserError, match="is at iteration 2 already"):
+        train.parse_args(["--resume", str(run), "--iterations", "2"])
+    assert os.readlink(run / "latest") == "checkpoints/iter-000002"

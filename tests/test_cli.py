@@ -129,10 +129,10 @@ def test_install_script_shows_progress():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--lr", "-1e-3"], "--lr must be > 0; got -0.001"),  # argparse alone read -1e-3 as a flag
-    (["--lr", "-inf"], "--lr must be a finite number; got -inf"),
-    (["--lam", "nan"], "lam (--lam) must be in [0, 1] (0 = plain GRPO, 1 = the multiplier alone); got nan"),
-    (["--eps-m", "1"], "eps_m (--eps-m), the multiplier's bound, must be in (0, 1); got 1.0"),  # advantage.py's check
+    (["--lr", "-1e-3"], "--lr must be in (0, 1]; got -0.001"),  # argparse alone read -1e-3 as a flag
+    (["--lr", "-inf"], "--lr must be in (0, 1]; got -inf"),
+    (["--lam", "nan"], "--lam must be in [0, 1]; got nan"),
+    (["--eps-m", "1"], "--eps-m must be in (0, 1); got 1.0"),
     (["--seed", str(2**70)], "--seed must be in [0, 2^32); got"),  # a ValueError traceback in torch before
     (["--groups", "100000"], "above this project's limit of 4096"),  # it printed nothing for minutes before
     (["--max-steps", "100000"], "above this project's limit of 1000"),
@@ -299,3 +299,115 @@ def test_sizes_that_take_days_and_a_clip_past_one_are_refused(tmp_path, argv, ne
     RuntimeError in the update at b60459e) are refused before anything loads, naming the flag."""
     with pytest.raises(UserError, match=needle):
         train.parse_args(argv + flags(model="tiny", preset="none", output_dir=str(tmp_path / "r")))
+
+
+@pytest.mark.parametrize("spelling", ["none", "None", "NONE"])
+def test_none_for_a_run_folder_flag_is_that_flag_left_out(tmp_path, spelling):
+    """`none`, in any case, is None for a flag that takes it; for the flags whose None a run resolves as
+    it starts, a resume reads it as the flag left out: `--resume none` is no resume (a new run),
+    `--output-dir none` the run's own folder, `--gradient-checkpointing none` the run's own setting (not
+    null in config.json). Each was a pathlib TypeError or a null once."""
+    new = train.parse_args(["--resume", spelling, "--model", "tiny", "--preset", "none", "--output-dir", "x"])
+    assert new.resume is None and new.output_dir == "x"
+    run = tiny_run_folder(tmp_path)
+    assert train.parse_args(["--resume", str(run), "--resume", spelling, "--model", "tiny"]).resume is None
+    resumed = train.parse_args(["--resume", str(run), "--iterations", "2", "--output-dir", spelling,
+                                "--gradient-checkpointing", spelling])
+    assert Path(resumed.output_dir) == run and resumed.gradient_checkpointing is False
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tyro-print-completion", "nosuchshell"], "tyro writes completion scripts for bash, zsh"),
+    (["--tyro-write-completion", "bash", "/nonexistent/dir/x"], "cannot write /nonexistent/dir/x"),
+    (["--tyro_write_completion", "zsh", "/"], "cannot write /"),
+])
+def test_tyro_s_own_flags_fail_in_one_line(argv, needle):
+    """tyro reads its completion flags itself, before the parse that refuses a bad flag in one line: a
+    shell it writes no script for was an AssertionError, a file it cannot write a FileNotFoundError."""
+    with pytest.raises(UserError, match=needle):
+        train.parse_args(argv)
+    with pytest.raises(UserError, match=needle):
+        eval_script.main(argv)
+
+
+def _float_flags():
+    """(script, flag, its Interval) for every float flag of every script (tests/test_docs.py's list)."""
+    import dataclasses
+    import typing
+
+    from infra.cli import Interval
+    from test_docs import _entry_points
+
+    out = []
+    for script, cls in _entry_points().items():
+        hints, plain = typing.get_type_hints(cls, include_extras=True), typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if plain[f.name] is float:
+                ranges = [m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, Interval)]
+                out.append((script, f.name, ranges[0] if ranges else None))
+    return out
+
+
+def test_every_float_flag_declares_the_values_it_computes_with():
+    """Each float flag of each script names its range in its type (float_in), its default inside it, and
+    the one check refuses a value outside it (nan, inf, past either end) naming the flag and the range.
+    A flag two scripts take has one range: eval.py's and compare's temperature are train.py's (and 0,
+    greedy); --lam and --eps-m are the method's own (advantage.check_mixing)."""
+    import dataclasses
+
+    from advantage import check_mixing
+    from infra.cli import check_domains
+    from test_docs import _entry_points
+
+    found = _float_flags()
+    assert len(found) >= 30 and [(s, n) for s, n, r in found if r is None] == []
+    for script, name, values in found:
+        cls = _entry_points()[script]
+        assert getattr(cls(), name) in values, (script, name)
+        low, high = (float(end) for end in values.text[1:-1].split(","))
+        for bad in (float("nan"), float("inf"), -float("inf"), low - 1e-9, high * 2 + 1 if high else 1.0):
+            if bad in values:
+                continue  # an end that is part of the range, or the `also` value
+            problems = check_domains(dataclasses.replace(cls(), **{name: bad}))
+            assert problems == [f"--{name.replace('_', '-')} must be {values}; got {bad}"], (script, name, problems)
+    train_temperature = dict(((s, n), r) for s, n, r in found)[("train.py", "temperature")]
+    for key in (("eval.py", "temperature"), ("tools.compare", "eval_temperature")):
+        assert dict(((s, n), r) for s, n, r in found)[key].text == train_temperature.text
+    ranges = dict(((s, n), r) for s, n, r in found)
+    for lam in (-0.1, 0.0, 0.5, 1.0, 1.1, float("nan")):
+        for eps_m in (0.0, 0.2, 0.99, 1.0, float("nan")):
+            try:
+                check_mixing(lam, eps_m)
+                method = True
+            except ValueError:
+                method = False
+            assert method == (lam in ranges[("train.py", "lam")] and eps_m in ranges[("train.py", "eps_m")])
+
+
+def test_numbers_that_parse_but_do_not_compute_are_refused_at_the_start():
+    """--lr 1e300 overflowed AdamW's step, --temperature 1e-300 the logits over T: tracebacks, after the
+    model loaded. Now one line before anything loads, with the range that works."""
+    with pytest.raises(UserError, match=r"--lr must be in \(0, 1\]; got 1e\+300"):
+        train.parse_args(["--lr", "1e300"])
+    with pytest.raises(UserError, match=r"--temperature must be in \[0.01, 100\]; got 1e-300"):
+        train.parse_args(["--temperature", "1e-300"])
+    with pytest.raises(UserError, match=r"--temperature must be 0 or in \[0.01, 100\]; got 1e-300"):
+        eval_script.main(["--temperature", "1e-300", "--samples-per-game", "2", "--policy", "model", "--model", "tiny"])
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("eval.py", []), ("tools.credit", []), ("tools.compare", ["--out", "unused", "--", "--model", "tiny"]),
+    ("tools.bench", []), ("tools.warmstart", []), ("tools.device_check", []), ("tools.world", []),
+])
+def test_every_script_checks_its_float_flags_before_any_work(script, argv):
+    """Each script's own entry refuses each of its float flags out of range at its start (a check no
+    script calls protects nothing): every flag at nan, one line naming each."""
+    import importlib
+
+    module = importlib.import_module("eval" if script == "eval.py" else script)
+    names = [n for s, n, _ in _float_flags() if s == script]
+    bad = [word for n in names for word in (f"--{n.replace('_', '-')}", "nan")]
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    with pytest.raises(UserError) as err:
+        module.main(own + bad + argv[len(own):])
+    assert all(f"--{n.replace('_', '-')} must be" in str(err.value) for n in names), str(err.value)

@@ -439,3 +439,26 @@ def test_the_training_rise_and_its_placebo_comparison(tmp_path):
     assert table["sharpo"]["invalid_change"][0] == pytest.approx(-0.1)
     assert "training rise (last 2 - first)" in (tmp_path / "summary.md").read_text()
     assert compare.task_rise(lines([[1, 1], [2, 2]], [0, 0])) is None  # too few iterations for a rise
+
+
+@pytest.mark.parametrize("which", ["start", "last"])
+@pytest.mark.parametrize("games", [{"valid_seen/g0": 1}, {"valid_seen/g0": [1, 3]}, [1, 2],
+                                   {"valid_seen/g0": {"won": "yes", "steps": 3}}])
+def test_compare_reads_damaged_games_in_one_line(tmp_path, which, games):
+    """tools.compare --gather-only over a start or last evaluation whose `games` holds numbers or lists
+    where each game's outcome belongs: one line naming the file and the field (a TypeError, "argument of
+    type 'int' is not iterable", before: the record's one reader checked `success`, not `games`)."""
+    record = {"success": 0.5, "games": {"valid_seen/g0": {"won": True, "steps": 3}},
+              "config": {"env": "alfworld", "split": "valid_seen", "iteration": 4, "checkpoint": None,
+                         "max_steps": 6, "max_new_tokens": 64}}
+    run = tmp_path / "sharpo-seed0"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": "alfworld", "model": "smollm2", "data_dir": None}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "success": 0.5, "seconds/rollout": 1.0})
+                                               + "\n" for i in (1, 2, 3, 4)))
+    damaged = tmp_path / "eval_start_valid_seen.json" if which == "start" else run / "eval_alfworld_valid_seen_iter-000004.json"
+    for path in (tmp_path / "eval_start_valid_seen.json", run / "eval_alfworld_valid_seen_iter-000004.json"):
+        path.write_text(json.dumps({**record, "games": games} if path == damaged else record))
+    with pytest.raises(UserError, match=f"{damaged.name}: 'games' should map each game to its outcome"):
+        compare.main(["--algos", "sharpo", "--seeds", "0", "--out", str(tmp_path), "--gather-only", "--eval-split",
+                      "valid_seen", "--eval-max-steps", "6", "--", "--env", "alfworld", "--iterations", "4"])

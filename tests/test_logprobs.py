@@ -193,12 +193,42 @@ def test_the_update_starting_at_the_first_trained_layer_computes_the_whole_pass(
 
     started, grads = pass_and_grads(fast, rows[:2])
     L = max(len(r.input_ids) for r in rows)
-    assert fast.kept_input(model, rows[:2], L, "cpu") is not None  # the kept inputs were used
+    assert fast.kept_input(rows[:2], L, "cpu") is not None  # the kept inputs were used
     whole, whole_grads = pass_and_grads(FastPath(tok.pad_token_id, 2), rows[:2])
     assert torch.allclose(started, whole, atol=1e-5, rtol=0), (started - whole).abs().max()
     assert all(torch.allclose(g, w, atol=1e-5, rtol=0) for g, w in zip(grads, whole_grads))
-    assert fast.kept_input(model, rows, L, "cpu") is None  # the third row was not kept: the whole pass
+    assert fast.kept_input(rows, L, "cpu") is None  # the third row was not kept: the whole pass
     with torch.no_grad():  # the test can fail: other inputs at that layer give other log-probs
         kept = fast.kept[id(rows[0])][1]
         kept.mul_(1.5)
         assert (fast.micro_batch_logprobs(model, rows=rows[:2]) - whole).abs().max() > 1e-3
+
+
+def test_the_kl_and_its_gradient_are_exactly_zero_before_any_step_from_kept_inputs():
+    """With LoRA on the last layer only and nothing moved yet (lora_B = 0), train.py's reference pass
+    (the adapter off, no gradient) and the update's pass (the adapter on) start from the same kept
+    inputs, so the KL of Eq. 7 and its gradient are exactly 0, as on the whole pass. A reference that
+    took the whole pass would differ by the kept inputs' rounding (~1e-6 on some CPUs): a KL gradient
+    of ~1e-8 that AdamW turns into lr-sized steps where nothing should move."""
+    from types import SimpleNamespace
+
+    import train
+    from advantage import kl_loss
+
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, lora_layers=1, seed=1)
+    rows, teacher_rows = rows_and_teacher_rows(tok)
+    fast, every = FastPath(tok.pad_token_id, 2), torch.tensor([True, True, True])
+    fast.student_teacher_logprobs(model.eval(), rows=as_rows(rows, teacher_rows), student=every, taught=every)
+    for _, states in fast.kept.values():  # kept inputs equal a whole pass's to rounding, on some CPUs
+        states.mul_(1 + 1e-5)  # not to the last bit: here surely not
+    model.train()  # as in the update
+    trainer = SimpleNamespace(args=SimpleNamespace(kl_coef=0.01, temperature=1.0), model=model, passes=fast)
+    logp_ref = train.Trainer.reference(trainer, rows)  # (b, t)
+    logp_new = fast.micro_batch_logprobs(model, rows=rows)  # (b, t)
+    mask = response_masks(torch.tensor([len(r.response_ids) for r in rows]))[:, : logp_new.shape[1]]
+    kl = kl_loss(logp_ref, logp_new, mask, int(mask.sum()))
+    kl.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert set(fast.kept) == {id(row) for row in rows}  # the update's pass starts from the kept inputs
+    assert kl.item() == 0.0
+    assert all(g is None or not g.any() for g in grads), max(float(g.abs().max()) for g in grads if g is not None)

@@ -11,6 +11,7 @@ import pytest
 
 import eval as eval_script
 from cli_runs import run_cli as _cli
+from infra import checkpoint
 from infra.cli import UserError
 from tiny_runs import tiny_run_folder
 
@@ -18,12 +19,13 @@ from tiny_runs import tiny_run_folder
 # ----------------------------------------------------------------------------- eval.py's records in a run folder
 def test_two_evaluations_of_one_checkpoint_claim_two_names(tmp_path):
     """Two `eval.py --checkpoint RUN` at once both picked the first free name, and one result was lost: the
-    name is claimed (created, exclusively) before any game, so the second takes the next."""
+    name is claimed (a hidden claim file beside it, created exclusively) before any game, so the second takes
+    the next."""
     run = tiny_run_folder(tmp_path)
     ckpt = run / "checkpoints" / "iter-000001"
     first = eval_script.claim_out_path("alfworld", "model", "test", ckpt)
     second = eval_script.claim_out_path("alfworld", "model", "test", ckpt)
-    assert first != second and first.is_file() and second.is_file()
+    assert first != second and checkpoint.claim_of(first).is_file() and checkpoint.claim_of(second).is_file()
     assert second.name == "evalpy_alfworld_test_iter-000001-2.json"
 
 

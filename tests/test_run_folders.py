@@ -393,3 +393,75 @@ def test_unreadable_folders_and_files_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.open", refusing)
     with pytest.raises(UserError, match=r"cannot read .*adapter_model.safetensors \(Permission denied\)"):
         checkpoint.checkpoint_adapters(checkpoint.find_checkpoint(run))
+
+
+class _Killed(BaseException):
+    """Stands in for kill -9: unwinds without running any `except Exception` handler."""
+
+
+def test_a_new_run_in_a_stopped_run_s_folder_keeps_none_of_its_records(tmp_path, monkeypatch, capsys):
+    """A run stopped in iteration 2, before its first checkpoint (--eval-every 1 --save-every 3), left
+    its log and its evaluation of iteration 1; a new run there with other flags (--lr 0.5 --eval-every
+    0) starts from iteration 1 and removes them, saying which in one line: tools.compare and the plots
+    read every record in a run folder as its run's."""
+    out = tmp_path / "run"
+    iteration = train.Trainer.iteration
+
+    def stopped_in_the_second(self):
+        if self.iteration_done == 1:
+            raise _Killed
+        return iteration(self)
+
+    monkeypatch.setattr(train.Trainer, "iteration", stopped_in_the_second)
+    with pytest.raises(_Killed):
+        tiny_train(tiny_args(out, env="webshop", eval_every=1, eval_games=1, save_every=3))
+    monkeypatch.undo()
+    assert (out / "eval_webshop_test_iter-000001.json").is_file() and not checkpoint.run_checkpoints(out)
+    capsys.readouterr()
+    tiny_train(tiny_args(out, env="webshop", lr=0.5, eval_every=0, iterations=1))
+    said = capsys.readouterr().out
+    assert "starting it from iteration 1; removed what that run wrote: eval_webshop_test_iter-000001.json" in said
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "latest", "metrics.jsonl",
+                                                     "samples.jsonl"]
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in logged] == [1] and json.loads((out / "config.json").read_text())["lr"] == 0.5
+
+
+def test_an_evaluation_claims_its_name_under_a_name_no_reader_takes_and_gives_it_back(tmp_path, monkeypatch):
+    """eval.py --checkpoint RUN claims its record's name before the first game; a kill (which runs no
+    handler) or a write that fails (a full disk) left a 0-byte evalpy_..._iter-N.json, a name that
+    promises a result, one more per retry. The claim is a hidden `.evalpy_....json.claim` beside it: a
+    kill leaves no file named like a record (and the next evaluation takes the next name), a failed
+    write gives the claim back."""
+    import errno
+
+    import eval as eval_script
+    from tiny_runs import tiny_run_folder
+
+    run = tiny_run_folder(tmp_path, env="webshop")
+    ckpt = checkpoint.find_checkpoint(run)
+    killed = eval_script.claim_out_path("webshop", "model", "test", ckpt)  # then killed: nothing given back
+    assert killed.name == "evalpy_webshop_test_iter-000001.json" and not killed.exists()
+    assert eval_script.claim_out_path("webshop", "model", "test", ckpt).name.endswith("iter-000001-2.json")
+    before = sorted(p.name for p in run.iterdir())
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(eval_script, "write_atomic", full)
+    for _ in range(2):
+        with pytest.raises(UserError, match="no space left"):
+            eval_script.main(["--policy", "model", "--checkpoint", str(run), "--num-games", "1"])
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert not list(run.glob("evalpy_*.json"))
+
+
+def test_an_output_on_a_read_only_mount_is_called_read_only(tmp_path, monkeypatch):
+    """eval.py --out in a folder of a read-only file system said "permission denied"."""
+    import eval as eval_script
+
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda path: type("Stat", (), {"f_flag": statvfs(path).f_flag | os.ST_RDONLY}))
+    with pytest.raises(UserError, match=r"cannot write .*x\.json \(the file system is read-only\): pass another --out"):
+        eval_script.main(["--env", "webshop", "--policy", "random", "--num-games", "1", "--out", str(tmp_path / "x.json")])

@@ -162,3 +162,27 @@ def test_check_base_measures_the_model_without_an_adapter_and_training_refuses_h
     with pytest.raises(UserError, match="train only"):
         ws.main(["--model", "tiny", "--check", "none", "--split", "valid_seen"])
     assert len(loaded) == 2
+
+
+@pytest.mark.parametrize("epochs", ["0", "-1"])
+def test_a_warm_start_of_no_epochs_is_refused(epochs, tmp_path):
+    """--epochs 0 or -1 wrote an untrained adapter as a warm start and exited 0."""
+    import tools.warmstart as ws
+    from infra.cli import UserError
+
+    with pytest.raises(UserError, match=f"--epochs must be > 0; got {epochs}"):
+        ws.main(["--model", "tiny", "--env", "webshop", "--tasks", "1", "--epochs", epochs, "--out", str(tmp_path / "w")])
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_warm_start_s_out_refusal_speaks_of_its_own_output(tmp_path):
+    """A --out that cannot take the adapter: the refusal names the adapter's file and --out, not eval.py's
+    JSON and checkpoint."""
+    import tools.warmstart as ws
+    from infra.cli import UserError
+
+    (tmp_path / "a-file").write_text("taken")
+    with pytest.raises(UserError) as err:
+        ws.main(["--model", "tiny", "--env", "webshop", "--out", str(tmp_path / "a-file")])
+    assert "a-file/adapter_config.json" in str(err.value) and str(err.value).endswith("pass another --out")
+    assert "JSON" not in str(err.value) and "checkpoint" not in str(err.value)

@@ -76,9 +76,9 @@ import train
 from envs import ENVS, Env, EnvStep
 from envs.make import env_class, make_env, resolve_workers
 from eval import RandomPolicy
-from flags import PRESETS
+from flags import PRESETS, MethodArgs
 from infra import metrics
-from infra.cli import UserError, parse_dataclass, run
+from infra.cli import UserError, check_domains, flag_type, float_in, parse_dataclass, run
 from infra.models import load_policy, qwen7b_shape_model, resolve_dtype
 import rollout
 from speed import FastPath, collate_rows, prefix_clusters, response_logprobs, shared_prefix_generate
@@ -101,8 +101,8 @@ class BenchArgs:
     new_tokens: int = 32  # forced response length per turn
     obs_words: int = 200  # words per observation (sets the context length)
     micro_batch_rows: int = 4  # rows per forward/backward
-    kl_coef: float = PRESETS["cpu-demo"]["kl_coef"]  # KL coefficient (the CPU demo's: 0 skips the reference pass)
-    tied_groups: float = 0.5  # share of groups whose rewards all tie (A_i = 0: rows that can be skipped)
+    kl_coef: flag_type(MethodArgs, "kl_coef") = PRESETS["cpu-demo"]["kl_coef"]  # KL coefficient (the CPU demo's: 0 skips the reference pass)
+    tied_groups: float_in("[0, 1]") = 0.5  # share of groups whose rewards all tie (A_i = 0: rows that can be skipped)
     env: str = "synthetic"  # synthetic (model stages) | an env of envs.ENVS that plays in workers (--policy random: its engine alone, 1 vs N workers)
     policy: str = "model"  # model | random (with --env alfworld: no model, random admissible actions)
     env_workers: int = 0  # with --env alfworld: the N of "1 vs N worker processes"; 0 = CPU cores
@@ -407,6 +407,8 @@ def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(BenchArgs, argv, description=__doc__)
+    if problems := check_domains(args):
+        raise UserError("; ".join(problems))
     if args.demo_decode:
         if args.demo_decode not in ENVS:
             raise UserError(f"--demo-decode is one of {', '.join(ENVS)}; got {args.demo_decode!r}")

@@ -80,7 +80,7 @@ import train
 from eval import IN_LOOP_RECORD  # train.py's --eval-every names, and no other
 from baselines import ALGORITHMS
 from infra.checkpoint import file_system_problem, find_checkpoint, read_iteration, read_json
-from infra.cli import UserError, check_domains, given_flags, parse_dataclass, run, seed_problems
+from infra.cli import UserError, check_domains, float_in, given_flags, parse_dataclass, run, seed_problems
 from envs.make import env_class
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -108,7 +108,7 @@ class CompareArgs:
     eval_max_steps: int = 8  # env steps per evaluation episode
     eval_new_tokens: int = 64  # response length limit in the evaluation
     eval_samples: int = 1  # episodes per held-out game; > 1 samples each game that often at --eval-temperature
-    eval_temperature: float = 0.0  # 0 = greedy; with --eval-samples, e.g. the runs' own --temperature
+    eval_temperature: float_in("[0.01, 100]", also=0.0) = 0.0  # 0 = greedy; with --eval-samples, e.g. the runs' own --temperature
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -249,8 +249,8 @@ def paired_bootstrap(a: dict[int, dict], b: dict[int, dict], n: int = BOOTSTRAP,
 
 def won_by_game(record: dict) -> dict | None:
     """{game: won} of an evaluation record (eval.py's JSON, or a run's in-loop evaluation)."""
-    games = record.get("games")
-    return {g: float(v["won"]) for g, v in games.items()} if isinstance(games, dict) else None
+    games = record.get("games")  # checked by evaluation_record
+    return {g: float(v["won"]) for g, v in games.items()} if games is not None else None
 
 
 def iteration_seconds(m: dict) -> float:
@@ -268,8 +268,10 @@ def wall_minutes(metrics: list[dict]) -> list[float]:
 
 
 def evaluation_record(path: Path) -> dict:
-    """An evaluation record (eval.py's JSON), checked where it is read: a JSON object whose `success` is
-    a number, else one line naming the file (a truncated, hand-made or foreign file is no result)."""
+    """An evaluation record (eval.py's JSON), every field compare reads checked here, where it is read: a
+    JSON object whose `success` is a number, `config` an object, `games` (when there) an object giving
+    each game's outcome as an object with a number `won`; else one line naming the file and the field
+    (a truncated, hand-made or foreign file is no result)."""
     record = read_json(path, "an evaluation record (eval.py's JSON)")
     success = record.get("success")
     if not isinstance(success, (int, float)) or isinstance(success, bool) or not math.isfinite(success):
@@ -277,6 +279,13 @@ def evaluation_record(path: Path) -> dict:
                         "record; move it out of the run folder, or evaluate again")
     if not isinstance(record.get("config", {}), dict):
         raise UserError(f"{path}: 'config' should be a JSON object: not an evaluation record")
+    games = record.get("games", {})
+    outcomes = games.values() if isinstance(games, dict) else [None]
+    if not all(isinstance(g, dict) and isinstance(g.get("won"), (int, float)) and math.isfinite(g["won"])
+               for g in outcomes):
+        raise UserError(f"{path}: 'games' should map each game to its outcome, {{\"won\": a number, ...}}, found "
+                        f"{json.dumps(games)[:40]}: not an evaluation record; move it out of the run folder, or "
+                        "evaluate again")
     return record
 
 
@@ -491,7 +500,7 @@ def in_loop_evaluation(run: Path, split: str, iteration: int, args: "CompareArgs
             continue
         record = evaluation_record(path)
         config = record.get("config", {})
-        played = record.get("games") if isinstance(record.get("games"), dict) else {}
+        played = record.get("games", {})  # checked by evaluation_record
         if (config.get("max_steps") == args.eval_max_steps and config.get("max_new_tokens") == args.eval_new_tokens
                 and config.get("split") == split and config.get("iteration") == iteration
                 and set(played) == games and all("samples" not in g for g in played.values())):
@@ -571,7 +580,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     own, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parse_dataclass(CompareArgs, own, description=__doc__)
-    problems = check_domains(args, positive=("jobs", "final_window", "eval_samples"), non_negative=("eval_temperature",))
+    problems = check_domains(args, positive=("jobs", "final_window", "eval_samples"))
     if args.eval_samples > 1 and args.eval_temperature == 0:
         problems.append(f"--eval-samples {args.eval_samples} would replay each greedy episode: add --eval-temperature "
                         "(e.g. the runs' --temperature)")

@@ -68,10 +68,10 @@ from baselines import action_masks, gigpo_step_advantages, rlsd_multipliers
 from envs.answer import history_length, history_problems
 from envs.make import env_class, make_env, resolve_workers
 from envs import ENVS
-from eval import check_trained_data, check_writable, pick_games
-from infra.checkpoint import find_checkpoint, json_safe, load_checkpoint_policy, read_config
+from eval import check_trained_data, pick_games
+from infra.checkpoint import check_writable, find_checkpoint, json_safe, load_checkpoint_policy, read_config
 from flags import BaselineArgs, MethodArgs, preset_defaults
-from infra.cli import UserError, check_domains, choice_of, given_flags, parse_dataclass, run, seed_problems
+from infra.cli import UserError, check_domains, choice_of, flag_type, given_flags, parse_dataclass, run, seed_problems
 from infra.models import load_policy, resolve_dtype
 from rollout import ModelPolicy, play_episodes
 from speed import FastPath
@@ -106,10 +106,10 @@ class CreditArgs:
     seeds: str = "0,1,2"  # sampling seeds, comma-separated: each plays every game G times
     max_steps: int = 4  # env steps per episode (0 = the env's default)
     max_new_tokens: int = 64  # response length limit per turn
-    temperature: float = 1.0  # sampling temperature, as train.py's (the log-probs use the same); cpu-learn's is 0.6
+    temperature: flag_type(MethodArgs, "temperature") = 1.0  # sampling temperature, as train.py's (the log-probs use the same); cpu-learn's is 0.6
     history: str = "2"  # observation/action pairs in the prompt
-    eps_m: float = MethodArgs.eps_m  # multiplier bound eps_m (train.py's default)
-    gigpo_gamma: float = BaselineArgs.gigpo_gamma  # GiGPO's discount (for its no-teacher score)
+    eps_m: flag_type(MethodArgs, "eps_m") = MethodArgs.eps_m  # multiplier bound eps_m (train.py's default)
+    gigpo_gamma: flag_type(BaselineArgs, "gigpo_gamma") = BaselineArgs.gigpo_gamma  # GiGPO's discount (for its no-teacher score)
     micro_batch_rows: int = 4  # rows per no-grad forward pass
     bootstrap: int = 1000  # bootstrap resamples for the intervals
     out: str | None = None  # output folder; default runs/credit-<env>
@@ -535,8 +535,7 @@ def play(model, tokenizer, env, games: list[str], args: CreditArgs, seeds: list[
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(CreditArgs, argv, description=__doc__)
     args.dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu", args.model or "smollm2")  # credit.json says which ran
-    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "eps_m", "micro_batch_rows",
-                                             "temperature"),
+    problems = check_domains(args, positive=("group_size", "max_new_tokens", "bootstrap", "micro_batch_rows"),
                              non_negative=("games", "max_steps"))
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

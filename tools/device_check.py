@@ -60,7 +60,7 @@ import torch
 from transformers import GenerationConfig
 
 from infra import memory
-from infra.cli import UserError, given_flags, parse_dataclass, run
+from infra.cli import UserError, check_domains, float_in, given_flags, parse_dataclass, run
 from infra.metrics import peak_memory_gb, reset_peak_memory
 from infra.models import QWEN1_5B_SHAPE, QWEN7B_SHAPE, TINY_SHAPE, shape_model
 from rollout import ModelPolicy, autocast, generation_prompt_ids, sampling_config
@@ -94,7 +94,7 @@ class DeviceCheckArgs:
     iteration_new_tokens: int = 128  # forced response length per turn
     iteration_obs_words: int = 700  # words per observation (course-iteration's too)
     course_steps: int = 20  # course-iteration: env steps per episode (--preset course's --max-steps)
-    budget_s: float = 480.0  # stop starting parts once this many seconds have passed
+    budget_s: float_in("[0, inf)") = 480.0  # stop starting parts once this many seconds have passed
     out: str | None = None  # the JSON, written part by part; default $OUT/device_check.json where $OUT is set
     slim_wheel: str = ""  # a folder holding the bitsandbytes wheel: cut it to CUDA 13's libraries, print the carry
 
@@ -457,6 +457,8 @@ def part_list(args: DeviceCheckArgs, batches: list[int]) -> list[tuple[str, str,
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_dataclass(DeviceCheckArgs, argv, description=__doc__)
+    if problems := check_domains(args):
+        raise UserError("; ".join(problems))
     if args.slim_wheel:
         slim_bitsandbytes(Path(args.slim_wheel))
         return carry_arithmetic([Path(args.slim_wheel)])

@@ -54,9 +54,10 @@ from tqdm.auto import tqdm
 from envs import ENVS
 from envs.answer import history_length, history_problems
 from envs.make import make_env
-from eval import check_writable, fill_query, pick_games
+from eval import fill_query, pick_games
 from flags import CPU_DEMO_PER_ENV, MethodArgs
-from infra.cli import UserError, check_domains, choice_of, parse_dataclass, run
+from infra.checkpoint import check_writable
+from infra.cli import UserError, check_domains, choice_of, float_in, parse_dataclass, run
 from infra.models import load_policy, resolve_dtype, save_adapter
 from rollout import ModelPolicy
 from speed import collate_rows, response_logprobs
@@ -78,7 +79,7 @@ class WarmstartArgs:
     headlines: str = "expert,sibling"  # the blocks' headlines taught: expert (--hindsight expert), sibling, or both
     batch_rows: int = 4  # rows per optimizer step
     by_length: bool = False  # batch rows of similar length (shuffled batches): less padding for long, uneven rows
-    lr: float = 1e-3  # AdamW learning rate of the LoRA weights
+    lr: float_in("(0, 1]") = 1e-3  # AdamW learning rate of the LoRA weights
     lora_r: int = 4  # LoRA rank of the warm-start adapter (small: it is shipped)
     lora_alpha: int = 8  # LoRA alpha
     dtype: str = "auto"  # precision (train.py's --dtype: auto, bf16, fp32); the adapter is saved in float32
@@ -216,8 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.history is None:
         args.history = CPU_DEMO_PER_ENV[args.env].get("history", "2")  # saved as it ran
     headlines = tuple(h.strip() for h in args.headlines.split(",") if h.strip())
-    problems = check_domains(args) + [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines
-                                      if h not in HEADLINES] + (["--headlines: name at least one"] if not headlines else [])
+    problems = check_domains(args, positive=("epochs", "batch_rows", "lora_r", "lora_alpha", "check_games"),
+                             non_negative=("tasks", "hindsight_rows"))
+    problems += [f"--headlines: '{h}' is not one of expert, sibling" for h in headlines if h not in HEADLINES]
+    problems += ["--headlines: name at least one"] if not headlines else []
     problems += history_problems(args.history)
     if problems:
         raise UserError("; ".join(problems))

@@ -51,7 +51,7 @@ import torch
 from advantage import grpo_advantages, policy_loss
 from baselines import ALGORITHMS
 from flags import BaselineArgs, MethodArgs
-from infra.cli import UserError, check_domains, parse_dataclass, run
+from infra.cli import UserError, check_domains, float_in, parse_dataclass, run
 from rollout import LogProbs
 from segments import Rows, Step
 
@@ -84,20 +84,20 @@ class WorldArgs:
     groups: int = 4  # tasks per iteration
     group_size: int = 8  # episodes per task (G)
     iterations: int = 150  # iterations per run
-    start: float = 0.016  # the start policy's success (a warm start): p(plan action) = start^(1/critical), at least 1/A
-    lr: float = 0.05  # Adam learning rate on the logits
+    start: float_in("(0, 1)") = 0.016  # the start policy's success (a warm start): p(plan action) = start^(1/critical), at least 1/A
+    lr: float_in("(0, 100]") = 0.05  # Adam learning rate on the logits
     optimizer: Literal["adam", "sgd"] = "adam"  # the optimizer on the logits: Adam (--lr) or plain SGD (--sgd-lr)
-    sgd_lr: float = 20.0  # plain SGD's learning rate (GRPO reaches the threshold in about as many iterations)
+    sgd_lr: float_in("(0, 1e4]") = 20.0  # plain SGD's learning rate (GRPO reaches the threshold in about as many iterations)
     minibatches: int = 2  # optimizer steps per iteration (PPO's ratio leaves 1 after the first)
-    gap: float = 0.3  # the teacher's mean |gap| on a decision, nats
-    threshold: float = 0.5  # the success whose reaching is timed
+    gap: float_in("(0, 100]") = 0.3  # the teacher's mean |gap| on a decision, nats
+    threshold: float_in("(0, 1]") = 0.5  # the success whose reaching is timed
     seeds: int = 12  # seeds per setting
     aucs: str = "0.6,0.76,0.92,1.0"  # teacher AUCs studied (the placebo is AUC 0.5)
     bounds: str = f"{MethodArgs.eps_m}:{MethodArgs.lam},0.5:1.0"  # (eps_m:lam) settings, comma-separated; the first: train.py's
-    real_auc: float = 0.588  # the CPU teacher's blame AUC on the learning set (results/credit-learn-cpu)
-    slope: float = 0.0104  # GRPO's held-out greedy success gained per iteration on the learning preset
+    real_auc: float_in("(0.5, 1]") = 0.588  # the CPU teacher's blame AUC on the learning set (results/credit-learn-cpu)
+    slope: float_in("[0, 1]") = 0.0104  # GRPO's held-out greedy success gained per iteration on the learning preset
     budget: int = 8  # the learning preset's iterations
-    pair_sd: float = 0.52  # std of a (seed, game) paired SHARPO - GRPO held-out difference (results/learning-cpu)
+    pair_sd: float_in("(0, 1]") = 0.52  # std of a (seed, game) paired SHARPO - GRPO held-out difference (results/learning-cpu)
     regimes: bool = True  # also sweep episode length, critical decisions and group size
     decompose: str = ""  # samples.jsonl files (comma-separated): print what log m follows in them, and stop
     optimizers: bool = False  # instead of the study: SHARPO/GRPO at AUC 1 under Adam and plain SGD; optimizers.json
@@ -393,9 +393,8 @@ def picture(result: dict, path: Path) -> None:
 
 
 def check(args: WorldArgs) -> None:
-    problems = check_domains(args, positive=("tasks", "decisions", "actions", "groups", "group_size", "iterations", "lr", "sgd_lr",
-                                             "minibatches", "gap", "threshold", "seeds", "budget", "pair_sd", "start"),
-                             non_negative=("critical", "slope"))
+    problems = check_domains(args, positive=("tasks", "decisions", "actions", "groups", "group_size", "iterations",
+                                             "minibatches", "seeds", "budget"), non_negative=("critical",))
     try:
         aucs = [float(a) for a in args.aucs.split(",") if a]
         bounds = [tuple(float(x) for x in b.split(":")) for b in args.bounds.split(",") if b]
