@@ -151,8 +151,9 @@ class Credit:
 
 # ------------------------------------------------------------------ the algorithm train.py runs
 class SHARPO:
-    """--algo sharpo: the method's answers to train.py's stages 2-7 (uses_teacher: 2, advantages: 3,
-    credit: 5, loss_terms: 6, metrics: 7). GRPO below and the baselines (baselines.py) subclass it."""
+    """--algo sharpo: the method's answers to train.py's stages 2-7 (uses_teacher: 2, advantages:
+    3, credit: 5, loss_terms: 6, metrics: 7). GRPO below and the baselines (baselines.py) subclass
+    it."""
 
     mixes = True  # Ahat = A * ((1 - lam) + lam * m); False: Ahat = A, and no multiplier is logged
     shape = "exp"  # f in m = clip(f(sign(A) * g)) (Eq. 4)

@@ -209,7 +209,7 @@ def test_an_empty_split_is_one_line_not_a_draw_that_never_ends():
     from envs.make import training_tasks
     from eval import pick_games
 
-    empty = SimpleNamespace(name="webshop", tasks=lambda split: [], task_type=lambda t: "x")
+    empty = SimpleNamespace(name="webshop", tasks=lambda split: [], task_type=lambda t: "x", data_variable="WEBSHOP_DATA")
     with pytest.raises(UserError, match="the train split of webshop's data holds no task"):
         training_tasks(empty, "train")
     with pytest.raises(UserError, match="the test split of webshop's data holds no game"):
