@@ -52,7 +52,6 @@ from advantage import grpo_advantages, policy_loss
 from baselines import ALGORITHMS
 from flags import BaselineArgs, MethodArgs
 from infra.cli import UserError, check_domains, float_in, parse_dataclass, run
-from rollout import LogProbs
 from segments import Rows, Step
 
 PLACEBO_AUC = 0.92  # the placebo shuffles this teacher's gaps
@@ -182,7 +181,8 @@ def credit(method, rows, logp_old, logp_teacher, mask, eps_m, lam, L, groups, re
     batch = Rows(traj, steps, [], [], mask, None, torch.zeros(B, dtype=torch.bool), torch.ones(B, dtype=torch.bool))
     settings = SimpleNamespace(**{**vars(SETTINGS), "lam": lam, "eps_m": eps_m})
     adv = method.advantages(rewards, groups, batch, settings)  # (Eq. 1; GiGPO: Eq. 11-12)
-    return method.credit(adv, LogProbs(logp_old, logp_teacher), batch, settings).token_adv  # (Eq. 4-5; 8; 13)
+    logp = SimpleNamespace(student=logp_old, teacher=logp_teacher)  # rollout.LogProbs' fields (no model code)
+    return method.credit(adv, logp, batch, settings).token_adv  # (Eq. 4-5; 8; 13)
 
 
 @torch.no_grad()
