@@ -27,6 +27,8 @@ signatures (called with keywords); train.py uses one in place of rollout.py unle
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -52,6 +54,10 @@ class FastPath:
     micro_batch_rows: int = 4
     kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to layer kept_layer)
     kept_layer: int = 0  # the first trained layer, found as the student pass kept the inputs to it
+    packed: dict = field(default_factory=dict)  # id(linear) -> (its weight, packed for oneDNN): generate's
+
+    def __post_init__(self):
+        keep_freed_memory()
 
     def micro_batch_logprobs(self, model, rows: list[Row], temperature: float = 1.0) -> torch.Tensor:
         """rollout.micro_batch_logprobs: one padded pass over the rows; (b, t) on the model's device. Rows
@@ -100,8 +106,10 @@ class FastPath:
         return out
 
     def generate(self, model, prompts: list[list[int]], config) -> list[list[int]]:
-        """rollout.generate (the same sampling config), each shared prompt prefix prefilled once."""
-        return shared_prefix_generate(model, prompts, config, self.pad_id)
+        """rollout.generate (the same sampling config), each shared prompt prefix prefilled once, the
+        bf16 linears on weights packed for oneDNN (packed_linears)."""
+        with packed_linears(model, self.packed):
+            return shared_prefix_generate(model, prompts, config, self.pad_id)
 
     def student_teacher_logprobs(self, model, rows: Rows, student: torch.Tensor, taught: torch.Tensor,
                                  temperature: float = 1.0, desc: str = "log-probs",
@@ -442,6 +450,52 @@ def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int,
         sampled = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
                                  **{_cache_argument(model): cache})  # (B, L + new)
     return sampled[:, Lp + Lr :].tolist()
+
+
+# ----------------------------------------------------------------------------- decoding: the weights read at their pace
+@contextlib.contextmanager
+def packed_linears(model, packed: dict):
+    """[speed] Inside, each frozen bf16 nn.Linear of `model` on a CPU (the decoder's and the output head,
+    not the LoRA's float32 ones) computes with its weight packed once into oneDNN's blocked layout
+    (`packed`: id(module) -> (weight, packed copy), kept for later calls while the weight is the same).
+    The same numbers as the bf16 linear autocast runs (tests/test_rollout_speed.py), faster at a decode
+    step's few rows: 6 rows read SmolLM2's head at 12 GB/s with torch's bf16 linear, at 29 GB/s packed
+    (a 2-core EPYC; tools/decode_floor.py times the step). float32 is left as it is: oneDNN's float32
+    kernel sums in another order than MKL's, so its numbers would differ in the last bits."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16
+               and m.weight.device.type == "cpu" and not m.weight.requires_grad]
+    if not linears or not torch.backends.mkldnn.is_available():
+        yield
+        return
+    for m in linears:
+        if packed.get(id(m), (None,))[0] is not m.weight:  # new, or its weight replaced
+            packed[id(m)] = (m.weight, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 16))
+        m.forward = functools.partial(_packed_linear, weight=packed[id(m)][1], bias=m.bias)
+    try:
+        yield
+    finally:
+        for m in linears:
+            del m.forward  # the class's own again
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """nn.Linear's forward on a packed bf16 weight: the input in bf16, as autocast gives it."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight, bias, "none", [], "")
+
+
+def keep_freed_memory() -> None:
+    """[speed] glibc's allocator (Linux) made to keep the memory a CPU run frees for its next allocation: a
+    decode step frees and allocates blocks of a few MiB, which glibc hands back to the system above 128 KiB
+    and the process then faults in again, page by page (cpu-watch: 10 million minor faults, 53 s of system
+    time). Blocks up to 32 MiB now come from the heap, and its freed top is kept up to 1 GiB (mallopt's
+    M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): the demo's minor faults fell 3x. Process-wide; no number changes;
+    a no-op where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 2**30)  # M_TRIM_THRESHOLD
 
 
 # ----------------------------------------------------------------------------- decoding: no step copies what it need not

@@ -191,3 +191,34 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
     assert model.get_input_embeddings().weight.dtype == torch.bfloat16
     assert sampled[True] == sampled[False] and len(sampled[True][0]) == 80
     assert torch.equal(logs[True][0], logs[False][0])
+
+
+def test_packed_bf16_linears_compute_the_same_numbers_and_leave_nothing_behind():
+    """speed.packed_linears: inside, a frozen bf16 linear (bias or not, 2-D or 3-D input, one row or a prefill's
+    hundreds) gives exactly what autocast's bf16 linear gives, and a generate samples exactly the same tokens;
+    outside, every module computes as before, and the packed copies are made once and kept. float32 linears,
+    the LoRA's among them, are not packed."""
+    from speed import packed_linears
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16).requires_grad_(False) for bias in (False, True)]
+    net, packed = torch.nn.Sequential(*layers, torch.nn.Linear(96, 8)), {}  # the last: float32, left alone
+    for x in (torch.randn(1, 64), torch.randn(300, 64), torch.randn(2, 5, 64)):
+        for layer in layers:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                want = layer(x)
+            with packed_linears(net, packed), torch.autocast("cpu", dtype=torch.bfloat16):
+                got = layer(x)
+            assert torch.equal(got, want) and got.dtype == torch.bfloat16
+    assert len(packed) == 2 and all("forward" not in vars(m) for m in net)
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
+    prompts = [generation_prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("a mug", "a mug on a table")]
+    config = rollout.sampling_config(tok, model, 24)
+    config.min_new_tokens = 24
+    fast, sampled = FastPath(tok.pad_token_id), []
+    for generate in (fast.generate, lambda **kw: shared_prefix_generate(**kw, pad_id=tok.pad_token_id)):  # packed, not
+        torch.manual_seed(3)
+        with torch.no_grad(), rollout.autocast(model):
+            sampled.append(generate(model=model, prompts=prompts, config=config))
+    assert sampled[0] == sampled[1] and len(sampled[0][0]) == 24
+    assert len(fast.packed) >= 14 and not any("forward" in vars(m) for m in model.modules())  # 2 layers x 7, the head

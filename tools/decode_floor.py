@@ -12,8 +12,9 @@ step the way train.py decodes (speed.py's `FastPath.generate`, the model and LoR
   step        (seconds of --new-tokens + 1 new tokens - seconds of 1) / --new-tokens, from the same
               prompts and seed, the end of turn blocked; the median of --repeats after a warm-up
 
-Rows: the demo's 6 (2 tasks x 3) and cpu-watch's 16 (4 x 4) episodes, each prompt --prompt-tokens long
-(random ids; the step's cost depends on the lengths, not the ids). --dtype both times float32 and bf16;
+Rows: the demo's 6 (2 tasks x 3) and cpu-watch's 16 (4 x 4) episodes, their prompts 0.75 to 1.25 x
+--prompt-tokens long, as a rollout's differ (random ids: the step's cost depends on the lengths, not the
+ids; prompts of one length would take another attention kernel than a rollout's padded rows do). --dtype both times float32 and bf16;
 auto takes what `--dtype auto` takes on this machine (infra/precision.py). The ratio step / floor is what
 the issue's "within 1.5x of its floor" asks about.
 
@@ -103,8 +104,8 @@ def step_bytes_and_flops(model, rows: int, context: int) -> dict:
 def decode_step(model, tokenizer, rows: int, args: DecodeFloorArgs) -> list[float]:
     """Seconds of one decode step of FastPath.generate over `rows` prompts: one per timed call."""
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, len(tokenizer) - 100, (args.prompt_tokens,), generator=g).tolist()
-               for _ in range(rows)]
+    lengths = [int(args.prompt_tokens * (3 + 2 * b / max(rows - 1, 1)) / 4) for b in range(rows)]  # 0.75-1.25 x
+    prompts = [torch.randint(100, len(tokenizer) - 100, (n,), generator=g).tolist() for n in lengths]
     fast, base = FastPath(tokenizer.pad_token_id), sampling_config(tokenizer, model, args.new_tokens + 1)
 
     def call(n: int) -> float:
