@@ -1,22 +1,12 @@
 """Advantage: GRPO group advantage times SHARPO's bounded segment multiplier, and the policy loss.
 
-Equations (METHOD.md; each line that implements one carries its tag):
-  (Eq. 1) A_i      = (R_i - mean_{j in group} R_j) / (std_{j in group} R_j + eps_adv)  unbiased
-  (Eq. 2) delta_t  = logp_teacher_t - logp_student_t                                  detached
-  (Eq. 3) g_i,k    = mean_{t in a_k} delta_t                                          segment gap
-  (Eq. 4) m_i,k    = clip(exp(sign(A_i) * g_i,k), 1 - eps_m, 1 + eps_m)                multiplier
-  (Eq. 5) Ahat_i,t = A_i * ((1 - lam) + lam * m_i,k(t))                               token adv.
-  (Eq. 6) L_pg     = token_mean( max(-Ahat * r, -Ahat * clip(r, 1 - eps, 1 + eps)) ),
-                     r = exp(logp_new - logp_old)
-  (Eq. 7) L_kl     = token_mean( k3(logp_ref, logp_new) )
-GRPO is lam = 0. `SHARPO` below is the algorithm train.py's stages call; the baselines
-(baselines.py) subclass it.
+Each line that implements an equation of METHOD.md carries its tag: (Eq. 1) the group advantage
+A_i, (Eq. 2-3) the segment gap g, (Eq. 4) the bounded multiplier m, (Eq. 5) the token advantage
+Ahat, (Eq. 6-7) the PPO-clip loss and the KL. GRPO is lam = 0. `SHARPO` below is the algorithm
+train.py's stages call; the baselines (baselines.py) subclass it.
 
 Shapes: N trajectories; B training rows, one per step, one segment each; T response positions.
 `response_mask` (B, T) bool is True on a row's response tokens (its segment).
-
-Deviations: the forms above are METHOD.md's (the paper's text is not available). A one-member
-group gets A = 0 (verl: its raw reward); all-equal rewards give exactly 0 (max == min).
 """
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """Rollout: play batched multi-turn episodes with the policy, and score the sampled tokens.
 
-At every turn, one batched `generate` over all live episodes samples a response
-a_k ~ pi(. | c_k) from the policy (at --temperature, top_p 1, top_k 0, no repetition penalty).
-Each step keeps exactly the ids generate was fed (c_k) and sampled (a_k).
+At every turn, one batched `generate` over all live episodes samples a response a_k ~ pi(. | c_k)
+from the policy (METHOD.md's sampling rule: `sampling_config`). Each step keeps exactly the ids
+generate was fed (c_k) and sampled (a_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
 computation, written here plainly (`row_logprobs`): one forward over the row, then
     logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only.
 speed.py's `FastPath` computes the same under the same names and signatures, batched and cached;
 train.py runs FastPath's, and this file's with --plain (the two agree up to float rounding).
-With bf16 base weights the decoder runs under bf16 autocast; the head and log-softmax in float32.
 """
 from __future__ import annotations
 

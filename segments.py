@@ -7,10 +7,8 @@ the tokens of a_k, every sampled token (end-of-turn included, when sampled). One
     teacher_k = [ ids(c_k) | hindsight block turn | header | a_k ]
                   the prompt (never trained on)            the segment (response_mask True)
 
-The teacher's row is the student's context, then the block: both rows begin with ids(c_k), the
-student's then with the header, the teacher's with the block's turn (`shared_prefix_len` counts
-the ids they share, at most all but their prompts' last). speed.py's pass reads the shared ids
-once for both and computes only each row's tail; rollout.py's plain pass reads each row whole.
+Both rows begin with ids(c_k); the student's goes on with the header, the teacher's with the
+block's turn (`shared_prefix_len`: the ids they share, which speed.py's pass reads once for both).
 Log-probs are kept over response tokens only, so the two rows align token for token.
 
 Shapes: B training rows (one per step), T response-token positions. This file also holds the

@@ -3,12 +3,11 @@
 Each iteration is seven stages in METHOD.md's order, `Trainer.iteration` below: 1. rollout,
 2. segments, 3. advantage, 4. logprobs, 5. credit, 6. update, 7. log; each a method (marked by its
 number) that returns what it computes. Stages 2-7 ask --algo (advantage.py's SHARPO or GRPO, or a
-baseline of baselines.py). `train()` runs the iterations; the main process evaluates every
---eval-every, and a checkpoint is saved every --save-every and at the last. Lines marked [run]
-(run folder, logs, checks: infra/, report.py), [distributed] (several processes; the identity in
-one) and [speed] (speed.py, which a run uses: rollout.py's numbers, batched; --plain runs
-rollout.py's) compute nothing of the method; what they set (the iteration to start from, a step's
-go-ahead) the loop reads.
+baseline of baselines.py). `train()` runs the iterations, their evaluations and checkpoints.
+Lines marked [run] (run folder, logs, checks: infra/, report.py), [distributed] (several processes;
+the identity in one) and [speed] (speed.py, which a run uses: rollout.py's numbers, batched;
+--plain runs rollout.py's) compute nothing of the method; what they set (the iteration to start
+from, a step's go-ahead) the loop reads.
 
 Run: python train.py --env alfworld            (the CPU demo preset when no GPU is present)
 """
