@@ -222,3 +222,20 @@ def test_packed_bf16_linears_compute_the_same_numbers_and_leave_nothing_behind()
             sampled.append(generate(model=model, prompts=prompts, config=config))
     assert sampled[0] == sampled[1] and len(sampled[0][0]) == 24
     assert len(fast.packed) >= 14 and not any("forward" in vars(m) for m in model.modules())  # 2 layers x 7, the head
+
+
+def test_the_decode_floor_bench_refuses_bad_input_before_it_times_anything(tmp_path, monkeypatch):
+    """tools/decode_floor.py: a bad --rows, or an --out that cannot be written (a folder), is one line
+    before the minutes of timing begin: no model is loaded."""
+    from infra.cli import UserError
+    from tools import decode_floor
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the bench loaded a model before it checked its flags")
+
+    monkeypatch.setattr(decode_floor, "load_policy", no_model)
+    monkeypatch.setattr(decode_floor, "bandwidth", no_model)
+    with pytest.raises(UserError, match=r"--rows must be comma-separated positive integers; got '0,x'"):
+        decode_floor.main(["--rows", "0,x"])
+    with pytest.raises(UserError, match=r"is a folder, not a file: pass another --out"):
+        decode_floor.main(["--out", str(tmp_path)])

@@ -14,9 +14,9 @@ step the way train.py decodes (speed.py's `FastPath.generate`, the model and LoR
 
 Rows: the demo's 6 (2 tasks x 3) and cpu-watch's 16 (4 x 4) episodes, their prompts 0.75 to 1.25 x
 --prompt-tokens long, as a rollout's differ (random ids: the step's cost depends on the lengths, not the
-ids; prompts of one length would take another attention kernel than a rollout's padded rows do). --dtype both times float32 and bf16;
-auto takes what `--dtype auto` takes on this machine (infra/precision.py). The ratio step / floor is what
-the issue's "within 1.5x of its floor" asks about.
+ids; prompts of one length would take another attention kernel than a rollout's padded rows do).
+--dtype both times float32 and bf16; auto takes what `--dtype auto` takes on this machine
+(infra/precision.py). The ratio step / floor is what the issue's "within 1.5x of its floor" asks about.
 
 Run: python -m tools.decode_floor                       (both dtypes, rows 6 and 16; ~2 minutes on 2 cores)
      python -m tools.decode_floor --dtype auto --out results/decode-floor/floor.json
@@ -41,6 +41,7 @@ import infra.models  # noqa: F401  first: it quiets two third-party notices befo
 import torch
 
 from flags import preset_defaults
+from infra.checkpoint import check_writable, write_atomic
 from infra.cli import check_domains, parse_dataclass, run
 from infra.models import load_policy, resolve_dtype
 from rollout import autocast, sampling_config
@@ -95,7 +96,8 @@ def step_bytes_and_flops(model, rows: int, context: int) -> dict:
     matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and p is not embed and p is not head]
     config = model.config
     kv_width = config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
-    kv_bytes = 2 * config.num_hidden_layers * rows * context * kv_width * (2 if matrices[0].dtype == torch.bfloat16 else 4)
+    element = 2 if matrices[0].dtype == torch.bfloat16 else 4  # bytes
+    kv_bytes = 2 * config.num_hidden_layers * rows * context * kv_width * element
     params = sum(p.numel() for p in matrices) + head.numel()
     return {"weight_bytes": sum(p.nbytes for p in matrices) + head.nbytes, "kv_bytes": kv_bytes,
             "flops": 2 * params * rows + 4 * rows * context * config.hidden_size * config.num_hidden_layers}
@@ -129,6 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         problems.append(f"--rows must be comma-separated positive integers; got {args.rows!r}")
     if problems:
         raise errors.UserError("; ".join(problems))
+    if args.out:  # before minutes of timing, not after them
+        check_writable(Path(args.out))
     if args.threads:
         torch.set_num_threads(args.threads)
     demo = preset_defaults("cpu-demo", "alfworld")[1]  # the CPU presets' model, warm start and LoRA
@@ -161,8 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{1000 * floor_kv:.1f} ms -> {step / floor_kv:.2f}x")
         del model
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        write_atomic(Path(args.out), json.dumps(out, indent=1))
     return out
 
 
