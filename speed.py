@@ -17,8 +17,8 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
     weights are not float32 is never copied to float32 whole.
   - in the rollouts, the episodes of a group start from the same prompt and keep sharing its task
     and older history: each prompt prefix shared by several rows of a generate call is prefilled
-    once and its KV cache copied to those rows (as vLLM's prefix caching does); generate then
-    prefills only each row's remainder and samples as before;
+    once (as vLLM's prefix caching does), then each row's remainder after it, one row at a time, so
+    that no padding is prefilled; generate continues from that cache and samples as before;
   - while generate decodes, the KV cache is written in place (InPlaceLayer) instead of concatenated,
     and the output head reads a contiguous input (contiguous_head_input).
 `FastPath` has rollout.py's log-prob functions and `generate` as methods, under the same names and
@@ -415,41 +415,76 @@ def common_length(a: list[int], b: list[int]) -> int:
 
 def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int,
                            in_place: bool = True) -> list[list[int]]:
-    """model.generate over `prompts` (config: rollout.sampling_config), each shared prefix prefilled once;
-    in_place (tools.bench's "before" turns it off): the cache written in place, the head's input contiguous.
+    """model.generate over `prompts` (config: rollout.sampling_config), each shared prefix prefilled once and
+    no padding prefilled; in_place (tools.bench's "before" turns it off): the cache written in place while
+    decoding, the head's input contiguous.
 
-    Layout: row b of cluster c is [left padding | c's prefix (n_c) | padding | b's remainder], every
-    prefix ending at column Lp and every remainder at column L, so that the rows end together as in
-    a left-padded batch; position ids count real tokens, so the padding moves nothing. One decoder
-    pass over the clusters' prefixes (left-padded to Lp) makes a KV cache, copied to each row of its
-    cluster; generate continues from it, computing the remainders, then decoding as usual. Returns
-    each row's ids after its prompt."""
+    The prefill (prefilled_rows) computes each cluster's prefix once, then each row's remainder but its last
+    token after it, one row at a time, and lays the rows' caches out as the plain generate lays out its
+    prompts: left-padded to the longest. generate continues from that cache with each row's last token,
+    then decodes as usual. Returns each row's ids after its prompt."""
     device = model.get_input_embeddings().weight.device
-    cluster_of, n = prefix_clusters(prompts)
-    Lp = max(n)
-    Lr = max(len(p) - n[c] for p, c in zip(prompts, cluster_of))
-    heads = torch.full((len(n), Lp), pad_id, dtype=torch.long)  # (U, Lp) the prefixes, left-padded
-    for p, c in zip(prompts, cluster_of):  # every member's first n[c] ids are its cluster's prefix
-        heads[c, Lp - n[c] :] = torch.tensor(p[: n[c]])
-    head_mask = (torch.arange(Lp)[None, :] >= (Lp - torch.tensor(n))[:, None]).long()  # (U, Lp) 1 = real
-    ids = torch.full((len(prompts), Lp + Lr), pad_id, dtype=torch.long)  # (B, L)
+    cache = prefilled_rows(model, prompts)  # None: every prompt is one token
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)  # (B, L) left-padded, as rollout.generate
     mask = torch.zeros_like(ids)  # (B, L) 1 = real token
-    for b, (p, c) in enumerate(zip(prompts, cluster_of)):
-        rest = p[n[c] :]
-        ids[b, :Lp], mask[b, :Lp] = heads[c], head_mask[c]
-        ids[b, Lp + Lr - len(rest) :], mask[b, Lp + Lr - len(rest) :] = torch.tensor(rest), 1
-    heads, head_mask = heads.to(device), head_mask.to(device)
-    out = model.get_decoder()(input_ids=heads, attention_mask=head_mask, use_cache=True,
-                              position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0))  # the prefixes, once
-    cache = _cache_of(out)
-    cache.batch_select_indices(torch.tensor(cluster_of, device=device))  # each row its cluster's prefix
-    if in_place:  # layer by layer: no layer's states are held twice
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p) :], mask[b, L - len(p) :] = torch.tensor(p), 1
+    if in_place and cache is not None:  # layer by layer: no layer's states are held twice
         for i, layer in enumerate(cache.layers):
-            cache.layers[i] = InPlaceLayer.holding(layer) if type(layer) is DynamicLayer else layer
+            cache.layers[i] = InPlaceLayer.holding(layer)
     with contiguous_head_input(model) if in_place else contextlib.nullcontext():
         sampled = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                 **{_cache_argument(model): cache})  # (B, L + new)
-    return sampled[:, Lp + Lr :].tolist()
+                                 **({_cache_argument(model): cache} if cache is not None else {}))  # (B, L + new)
+    return sampled[:, L:].tolist()
+
+
+def prefilled_rows(model, prompts: list[list[int]]):
+    """[speed] The KV cache of every prompt but its last token, (B, heads, L - 1, D) a layer, each row's
+    states right-aligned after zeros (left padding, L the longest prompt): each shared prefix (prefix_clusters)
+    computed once, then each row's remainder after it, one row at a time.
+
+    One row at a time, nothing computed is padding: a batched prefill pads every row to the longest
+    remainder, and a row's states would sit after the longest prefix, so the padding is computed through
+    every layer and every decode step attends over it (one cpu-watch rollout's 5 calls: 34,811 positions
+    computed for 12,834 distinct tokens). On a CPU a prefill of a hundred tokens already runs the matrix
+    products at their rate, so batching rows gains nothing there (docs/scaling.md)."""
+    device = model.get_input_embeddings().weight.device
+    decoder, name = model.get_decoder(), _cache_argument(model)
+    cluster_of, n = prefix_clusters(prompts)
+    W = max(len(p) for p in prompts) - 1  # cached columns
+    keys = values = cache = None
+    for c, shared in enumerate(n):
+        members = [b for b, k in enumerate(cluster_of) if k == c]
+        prefix = {}  # the cluster's prefix's cache, computed once
+        if shared:
+            ids = torch.tensor([prompts[members[0]][:shared]], device=device)  # (1, n_c)
+            prefix = {name: _cache_of(decoder(input_ids=ids, use_cache=True))}
+        for b in members:
+            rest = prompts[b][shared:-1]  # the remainder but its last token
+            if rest:
+                positions = torch.arange(shared, shared + len(rest), device=device)[None]  # (1, r) after the prefix
+                cache = _cache_of(decoder(input_ids=torch.tensor([rest], device=device), position_ids=positions,
+                                          use_cache=True, **prefix))
+            elif shared:
+                cache = prefix[name]
+            else:
+                continue  # a one-token prompt: nothing to cache
+            if keys is None:  # a layer's (B, heads, W, D) zeros: the padding's states, masked
+                if any(type(layer) is not DynamicLayer for layer in cache.layers):
+                    raise ValueError("speed.prefilled_rows lays out full-attention caches only; run with --plain")
+                shape = lambda layer: (len(prompts), layer.keys.shape[1], W, layer.keys.shape[-1])  # noqa: E731
+                keys, values = ([getattr(layer, part).new_zeros(shape(layer)) for layer in cache.layers]
+                                for part in ("keys", "values"))
+            held = len(prompts[b]) - 1
+            for i, layer in enumerate(cache.layers):
+                keys[i][b, :, W - held :], values[i][b, :, W - held :] = layer.keys[0], layer.values[0]
+            if shared and rest:
+                cache.crop(-len(rest))  # back to the prefix, for the cluster's next row
+    if cache is not None:
+        for i, layer in enumerate(cache.layers):  # the last row's cache object, holding every row
+            layer.keys, layer.values = keys[i], values[i]
+    return cache
 
 
 # ----------------------------------------------------------------------------- decoding: the weights read at their pace

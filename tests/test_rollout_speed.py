@@ -1,5 +1,5 @@
 """The rollouts' [speed] path (speed.shared_prefix_generate): each prompt prefix shared by several rows of a
-generate call is prefilled once; the sampling, the log-probs of the sampled tokens and the episodes are
+generate call is prefilled once, and no padding is prefilled; the sampling, the log-probs of the sampled tokens and the episodes are
 the plain path's (rollout.generate), to float rounding. While it decodes, the KV cache is written in place
 and the head reads a contiguous input: those change no number at all, in bf16 too."""
 import pytest
@@ -11,8 +11,8 @@ import rollout
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from segments import generation_prompt_ids
-from speed import (FastPath, InPlaceLayer, common_length, contiguous_head_input, prefix_clusters,
-                   shared_prefix_generate)
+from speed import (FastPath, InPlaceLayer, _cache_of, common_length, contiguous_head_input, prefilled_rows,
+                   prefix_clusters, shared_prefix_generate)
 
 torch.set_num_threads(1)
 
@@ -76,6 +76,47 @@ def test_the_cached_prefill_samples_what_the_plain_one_does(batch):
     for plain, fast in zip(logs["plain"], logs["fast"]):
         assert (plain - fast).abs().max() < 1e-5
     assert len({tuple(s[1]) for s in sampled["plain"][:3]}) > 1  # the group's rows sampled apart: not vacuous
+
+
+def test_the_prefill_computes_each_distinct_token_once_and_no_padding():
+    """speed.prefilled_rows: a cluster's prefix once, then each row's remainder but its last token, nothing
+    else (a batched prefill would compute every row to the longest prefix and remainder). Each row's cached
+    states, right-aligned after zeros, are what one forward over that row alone caches (float32, 1e-5)."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1)
+    task = "You are a household agent. Your task is to: put a clean mug in the coffeemachine. "
+    tails = ["You see a countertop 1.", "You see a countertop 1.", "Past: look. You are in the middle of a room, "
+             "and around you are a cabinet 1, a cabinet 2, a countertop 1 and a sinkbasin 1."]
+    prompts = [generation_prompt_ids(tok, [{"role": "user", "content": task + t}]) for t in tails]
+    prompts.append(generation_prompt_ids(tok, [{"role": "user", "content": "Your task is to: look at a book."}]))
+    cluster_of, n = prefix_clusters(prompts)
+    assert cluster_of == [0, 0, 0, 1] and len(set(map(len, prompts))) == 3  # rows of three lengths
+    computed = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: computed.append(args[0].numel()))
+    with torch.no_grad():
+        cache = prefilled_rows(model, prompts)
+    hook.remove()
+    assert sum(computed) == sum(n) + sum(len(p) - 1 - n[c] for p, c in zip(prompts, cluster_of))
+    W = max(map(len, prompts)) - 1
+    for b, p in enumerate(prompts):
+        with torch.no_grad():
+            alone = model.get_decoder()(input_ids=torch.tensor([p[:-1]]), use_cache=True)
+        for mine, its in zip(cache.layers, _cache_of(alone).layers):
+            assert mine.keys.shape[2] == W and not mine.keys[b, :, : W - len(p) + 1].any()  # the padding: zeros
+            assert torch.allclose(mine.keys[b, :, W - len(p) + 1 :], its.keys[0], atol=1e-5)
+            assert torch.allclose(mine.values[b, :, W - len(p) + 1 :], its.values[0], atol=1e-5)
+
+
+def test_one_token_prompts_need_no_cache_and_decode_as_the_plain_generate_does():
+    """A prompt of one token has nothing to prefill: alone, generate gets no cache; beside longer prompts,
+    its row of the cache is padding. Greedy, both decode what the plain generate does."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1)
+    config = rollout.sampling_config(tok, model, 5, temperature=0.0)
+    longer = generation_prompt_ids(tok, [{"role": "user", "content": "a mug on a table"}])
+    for prompts in ([[7]], [[7], longer, longer[:-3]]):
+        with torch.no_grad():
+            fast = shared_prefix_generate(model, prompts, config, tok.pad_token_id)
+            plain = rollout.generate(model, prompts, config)
+        assert fast == plain and len(fast[0]) == 5
 
 
 @pytest.mark.slow
