@@ -106,8 +106,9 @@ class FastPath:
         return out
 
     def generate(self, model, prompts: list[list[int]], config) -> list[list[int]]:
-        """rollout.generate (the same sampling config), each shared prompt prefix prefilled once, the
-        bf16 linears on weights packed for oneDNN (packed_linears)."""
+        """rollout.generate (the same sampling config), each shared prompt prefix prefilled once and no
+        padding prefilled (shared_prefix_generate), the bf16 linears on weights packed for oneDNN
+        (packed_linears)."""
         with packed_linears(model, self.packed):
             return shared_prefix_generate(model, prompts, config, self.pad_id)
 
