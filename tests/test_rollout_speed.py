@@ -1,7 +1,8 @@
-"""The rollouts' [speed] path (speed.shared_prefix_generate): each prompt prefix shared by several rows of a
-generate call is prefilled once, and no padding is prefilled; the sampling, the log-probs of the sampled tokens and the episodes are
-the plain path's (rollout.generate), to float rounding. While it decodes, the KV cache is written in place
-and the head reads a contiguous input: those change no number at all, in bf16 too."""
+"""The rollouts' [speed] path (speed.shared_prefix_generate): each prompt prefix shared by
+several rows of a generate call is prefilled once, and no padding is prefilled; the sampling,
+the log-probs of the sampled tokens and the episodes are the plain path's (rollout.generate), to
+float rounding. While it decodes, the KV cache is written in place and the head reads a contiguous
+input: those change no number at all, in bf16 too."""
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
