@@ -217,8 +217,8 @@ PRESET_CHANGES = {
                          "loss; a sixth turn costs about a sixth of the rollout"),
         "temperature": (0.6, "at temperature 1 the warm start wins only the one 3-step game; at 0.6 it wins some "
                              "of the others"),
-        "iterations": (8, "9m05s on a 2-core AMD EPYC without AMX (bf16; results/watch-epyc), 9m11s on a "
-                          "2-core Xeon without AMX (float32; results/watch-cpu); each of the 5 seeds of "
+        "iterations": (8, "9m05s on a 2-core AMD EPYC without AMX (bf16; results/watch-epyc), 9m11s (seed 0) "
+                          "on a 2-core Xeon without AMX (float32; results/watch-cpu); each of the 5 seeds of "
                           "results/watch-cpu and watch-epyc ended higher than it began"),
         "lr": (1e-3, "a step that moves a 135M model's success within a few iterations (3e-4 moved it half as far)"),
         "minibatches": (4, "4 optimizer steps an iteration, each row read once: the 4 steps of 2 epochs x 2 "
