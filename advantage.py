@@ -1,12 +1,8 @@
 """Advantage: GRPO group advantage times SHARPO's bounded segment multiplier, and the policy loss.
 
-Each line that implements an equation of METHOD.md carries its tag: (Eq. 1) the group advantage
-A_i, (Eq. 2-3) the segment gap g, (Eq. 4) the bounded multiplier m, (Eq. 5) the token advantage
-Ahat, (Eq. 6-7) the PPO-clip loss and the KL. GRPO is lam = 0. `SHARPO` below is the algorithm
-train.py's stages call; the baselines (baselines.py) subclass it.
+Each line that implements an equation of METHOD.md carries its tag, `(Eq. N)`. GRPO is lam = 0.
 
 Shapes: N trajectories; B training rows, one per step, one segment each; T response positions.
-`response_mask` (B, T) bool is True on a row's response tokens (its segment).
 """
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ the tokens of a_k, every sampled token (end-of-turn included, when sampled). One
 
 Both rows begin with ids(c_k); the student's goes on with the header, the teacher's with the
 block's turn (`shared_prefix_len`: the ids they share, which speed.py's pass reads once for both).
-Log-probs are kept over response tokens only, so the two rows align token for token.
 
 Shapes: B training rows (one per step), T response-token positions. This file also holds the
 containers (`Step`, `Trajectory`, `Row`, `Rows`) that flow from rollout.py to train.py.
@@ -35,14 +34,14 @@ class Step:
     response_ids: list[int]  # a_k: the sampled ids, end-of-turn token included when sampled
     response_text: str  # a_k decoded (special tokens dropped), what the env parsed
     action: str | None  # the parsed action, None when the response was an invalid action
-    reward: float  # step reward from the env (10 * won and -0.1 for an invalid action included)
+    reward: float  # the env's step reward (EnvStep.reward)
     anchor: str = ""  # the state it acted from: the last reset's or valid action's observation
     expert_action: str | None = None  # what the env's expert would have done there (tools/credit)
 
 
 @dataclass
 class Trajectory:
-    """One episode: the steps, its task and outcome; R_i is the sum of the step rewards."""
+    """One episode: the steps, its task and outcome."""
 
     task_id: str  # which game / goal
     group: int  # index of its group (G rollouts of the same task share one)
@@ -165,7 +164,7 @@ def make_rows(tokenizer, trajs: list[Trajectory], hindsight: list[str | None]) -
     (--gap-tokens action: baselines.action_masks sets gap_mask)."""
     index = [(i, s) for i, traj in enumerate(trajs) for s in traj.steps]  # (trajectory, step)
     rows = [build_row(tokenizer, s.messages, s.response_ids) for _, s in index]
-    for row, (_, s) in zip(rows, index):  # the trained ids are exactly the fed and sampled ids
+    for row, (_, s) in zip(rows, index):
         if row.input_ids != s.prompt_ids + s.response_ids:
             raise ValueError("a row's ids differ from the ids generate was fed and sampled: the "
                              "chat template does not reproduce the prompt it gave at rollout")

@@ -29,7 +29,7 @@ from advantage import Advantages, Credit, kl_loss, policy_loss
 from baselines import ALGORITHMS, action_masks, shuffled_within_groups
 from envs.answer import history_length
 from envs.make import draw_tasks, make_env, resolve_workers, training_tasks
-from flags import TrainArgs  # every flag, its default, what each --preset changes
+from flags import TrainArgs
 from flags.parse import check_tasks, describe, parse_args  # [run]
 from infra.checkpoint import RunFolder, find_checkpoint, resume_state, run_policy, stream_seed
 from infra.cli import run
@@ -105,7 +105,7 @@ class Trainer:
         done = report.Stages(trajs, rows, adv, logp, credit, update, watch, self.actor)  # 7. log
         return report.line_and_samples(done, self, it)
 
-    # 1. rollout: G copies of each drawn task, every live episode in one generate a turn
+    # 1. rollout: G copies of each drawn task
     def rollout(self, it: int) -> list[Trajectory]:
         args = self.args
         chosen = draw_tasks(self.rng, self.tasks, args.groups)
@@ -188,7 +188,6 @@ class Trainer:
                 if not finite:
                     break
                 loss.backward()
-            # the minibatch's optimizer step: taken by every process, or by none
             step = self.dist.all(finite)  # [distributed] a non-finite loss anywhere: none
             if step:
                 self.dist.sum_grads(self.params)  # [distributed] summed over processes
@@ -196,7 +195,7 @@ class Trainer:
                 step = bool(torch.isfinite(norm))
             if step:
                 self.optimizer.step()
-                moved = True  # from now on PPO's old log-probs are the student pass's
+                moved = True
             self.optimizer.zero_grad(set_to_none=True)
             log.step(float(norm) if step else None)  # [run] the step's statistics, or a skip
             if step:  # [run] a step that left the policy unsampleable stops the run, in one line
@@ -204,8 +203,8 @@ class Trainer:
         return log.means()
 
     def reference(self, batch: list, watch=None) -> torch.Tensor | None:
-        """The KL's reference log-probs of a micro-batch (Eq. 7): the same weights, adapter off, by
-        the update's own pass, so that where nothing has moved the KL (and its gradient) is 0."""
+        """The KL's reference log-probs of a micro-batch (Eq. 7), by the update's own pass
+        (METHOD.md section 5)."""
         if self.args.kl_coef == 0:
             return None
         with torch.no_grad(), self.model.disable_adapter(), timed(watch, "reference"):
@@ -221,7 +220,7 @@ class Trainer:
         ahat = rows_of(credit.token_adv, part, logp_new)  # (b, t)
         pg = policy_loss(logp_new, logp_old, ahat, mask, counts["tokens"], args.ppo_clip)  # (Eq. 6)
         loss, terms = pg, {"pg_loss": pg}
-        if logp_ref is not None:  # stay near the reference (the adapter off)
+        if logp_ref is not None:
             kl = kl_loss(logp_ref, logp_new, mask, counts["tokens"])  # (Eq. 7)
             loss, terms["kl_ref"] = loss + args.kl_coef * kl, kl
         for name, (weight, term) in self.algo.loss_terms(logp_new, logp_old, part, rows, logp,
@@ -265,10 +264,10 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
             line, samples = trainer.iteration()
             it = trainer.iteration_done
             if args.eval_every and it % args.eval_every == 0 and dist.main:
-                line.update(log.evaluate())  # held-out games, every --eval-every
+                line.update(log.evaluate())  # held-out games
             log.write(line, samples)  # [run] metrics.jsonl, samples.jsonl, the tracker
             if it % args.save_every == 0 or it == args.iterations:
-                log.save()  # a checkpoint, every --save-every and at the end
+                log.save()  # a checkpoint
             log.show(line)  # [run] the progress line
             dist.barrier()  # [distributed]
             history.append(line)
@@ -278,7 +277,7 @@ def train(args: TrainArgs, trainer: Trainer | None = None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv, __doc__)  # over the preset's over the defaults, or a resume's; checked
+    args = parse_args(argv, __doc__)
     print(describe(args))  # [run] what runs, and where it writes
     train(args)
     report.closing_summary(args.output_dir)  # [run] where the credit went; what to run next

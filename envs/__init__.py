@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from envs.answer import answer_format, check_responses, extract_action, step_prompt  # noqa: F401
 from envs.table import EnvTable
 
-INVALID_PENALTY = 0.1  # subtracted from the reward for each invalid action (METHOD.md section 1)
+INVALID_PENALTY = 0.1  # subtracted for each invalid answer (above)
 WIN_REWARD = 10.0  # added once, at the step that wins
 
 
@@ -42,7 +42,6 @@ class Env(ABC):
     default_eval_split: str  # the held-out split an evaluation plays by default
     default_max_steps: int  # an episode's steps when --max-steps is 0
     prompt_tokens: int  # its longest prompt at --history 2, for the GPU memory plan
-    # (a class without one of the five above is refused: envs/table.py)
     data_variable: str | None = None  # the environment variable naming its data folder
     real_data: str | None = None  # how to get the data the GPU presets need; None: it needs none
     held_out_split: str | None = None  # games no shipped warm start saw (tools/credit.py)
@@ -97,7 +96,6 @@ class Env(ABC):
         """Release what it holds (engines, processes)."""
 
 
-# --env's choices: a new env is a subclass of Env in one file, and one line here. The table checks a
-# class as it is registered, a "module:Class" when first asked for (envs/table.py).
+# --env's choices: a new env is a subclass of Env in one file, and one line here (envs/table.py).
 ENVS = EnvTable(Env, {"alfworld": "envs.alfworld:AlfWorldEnv",
                       "webshop": "envs.webshop:WebShopEnv"})
