@@ -1,7 +1,7 @@
 """Rollout: play batched multi-turn episodes with the policy, and score the sampled tokens.
 
 At every turn, one batched `generate` over all live episodes samples a response a_k ~ pi(. | c_k)
-from the policy (METHOD.md's sampling rule: `sampling_config`). Each step keeps exactly the ids
+from the policy (METHOD.md's sampling rule: `decode`, `draw`). Each step keeps exactly the ids
 generate was fed (c_k) and sampled (a_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
@@ -32,9 +32,8 @@ def autocast(model):
 
 # ------------------------------------------------------------------ log-probs
 def row_logprobs(model, row: Row, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(a_t | c, a_<t) of one row's response tokens, (n,): one forward over the whole row.
-    The logits are divided by the sampling temperature (as verl does): the log-probs of the policy
-    the tokens came from."""
+    """log pi(a_t | c, a_<t) of one row's response tokens, (n,): one forward over the whole row,
+    the logits over the sampling temperature (METHOD.md section 7)."""
     device = model.get_input_embeddings().weight.device
     ids = torch.tensor([row.input_ids], device=device)  # (1, L)
     with autocast(model):
@@ -76,8 +75,8 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
     (B, T) each.
 
     The student scores its own rows (`student` (B,) selects which), the teacher the rows with the
-    hindsight block (`taught` (B,), within `student`), over the response tokens only (segments.py:
-    aligned token for token). Rows not selected stay 0. watch: gets each pass's seconds.
+    hindsight block (`taught` (B,), within `student`), over the response tokens only (METHOD.md
+    section 2). Rows not selected stay 0. watch: gets each pass's seconds.
     """
     if bool((taught & ~student).any()):
         raise ValueError("student_teacher_logprobs: a taught row must also be a student row (the "
@@ -94,34 +93,72 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
 
 
 def generate(model, prompts: list[list[int]], config) -> list[list[int]]:
-    """One generate call over the prompts (ids), left-padded: the ids each row sampled."""
-    B, L = len(prompts), max(len(p) for p in prompts)
+    """Sample a response after each prompt (ids), in one batch: the ids each row sampled."""
     device = model.get_input_embeddings().weight.device
-    input_ids = torch.full((B, L), config.pad_token_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)  # (B, L)
-    for b, p in enumerate(prompts):  # left padding: every prompt ends at column L
-        input_ids[b, L - len(p) :] = torch.tensor(p)
-        attention_mask[b, L - len(p) :] = 1
-    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                         generation_config=config)  # (B, L + new)
-    return out[:, L:].tolist()
+    ids, mask = left_padded(prompts, config.pad_token_id)  # (B, L) each
+    return decode(model, ids.to(device), mask.to(device), config)
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as ids (B, L), each ending at column L, and a mask (B, L), 1 = a token."""
+    ids = torch.full((len(prompts), max(len(p) for p in prompts)), pad_id)  # (B, L)
+    mask = torch.zeros_like(ids)  # (B, L)
+    for b, p in enumerate(prompts):
+        ids[b, ids.shape[1] - len(p) :], mask[b, ids.shape[1] - len(p) :] = torch.tensor(p), 1
+    return ids, mask
+
+
+def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> list[list[int]]:
+    """Up to config.max_new_tokens ids after each row of ids (B, L), a token for every row a step,
+    until each has sampled an end of turn (then padding). cache: ids' first columns' KV cache
+    (speed.py prefills it). config.min_new_tokens (timing tools) forbids an earlier end."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    start = 0 if cache is None else cache.get_seq_length()  # the columns the cache holds
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L) each token's place in its own row
+    fed, position = ids[:, start:], positions[:, start:]  # the first step's input, (B, L - start)
+    eos = torch.tensor(config.eos_token_id, device=ids.device)
+    live = torch.ones(len(ids), dtype=torch.bool, device=ids.device)  # (B,) no end of turn yet
+    sampled = []
+    for step in range(config.max_new_tokens):
+        out = decoder(input_ids=fed, attention_mask=mask, position_ids=position, cache=cache,
+                      use_cache=True)
+        cache = out.cache
+        logits = head(out.last_hidden_state[:, -1].contiguous()).float()  # (B, V) the last token's
+        if step < (config.min_new_tokens or 0):
+            logits[:, eos] = -torch.inf
+        token = draw(logits, config.temperature if config.do_sample else 0)  # (B,)
+        sampled.append(torch.where(live, token, config.pad_token_id))
+        live &= ~torch.isin(token, eos)
+        if not live.any():
+            break
+        fed, position = token[:, None], position[:, -1:] + 1  # (B, 1) each
+        mask = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)  # (B, L + step + 1)
+    return torch.stack(sampled, 1).tolist()  # (B, new)
+
+
+def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """An id a row from softmax(logits / temperature), (B, V) -> (B,) (temperature 0: argmax), by
+    inverse CDF: one uniform a row, not torch.multinomial's one for every id (docs/scaling.md).
+    The running sum is float64, so that no small probability rounds away."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    cdf = torch.softmax(logits / temperature, dim=-1).double().cumsum(-1)  # (B, V)
+    u = torch.rand(len(cdf), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]  # (B, 1)
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 @dataclass
 class LogProbs:
     """Log-probs of the sampled tokens (train.py's stage 4), (B, T); rows a pass left out hold 0."""
 
-    student: torch.Tensor  # (B, T) the policy before the update: the gap's baseline; PPO's old
-    #                        once the update has taken a step (train.py, section 5)
-    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block; train.py: = student
-    #                        on rows the teacher did not score (m = 1)
+    student: torch.Tensor  # (B, T) before the update: the gap's baseline, PPO's old (section 5)
+    teacher: torch.Tensor  # (B, T) the same tokens after the hindsight block (section 2)
 
 
 # ------------------------------------------------------------------ sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
-    """METHOD.md's sampling rule (temperature 0: greedy), installed as the model's own
-    generation_config, so that none of its defaults (Qwen's top_p 0.8, top_k 20, repetition
-    penalty 1.05) is merged back in."""
+    """METHOD.md's sampling rule (temperature 0: greedy), which `decode` reads; no top-p, top-k or
+    repetition penalty, whatever the model's own (Qwen's top_p 0.8, top_k 20, penalty 1.05)."""
     eos = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
@@ -145,23 +182,21 @@ def until_end_of_turn(ids: list[int], eos) -> list[int]:
 
 
 class ModelPolicy:
-    """The LLM policy as an actor: one generate over all live episodes a turn (batch > 0: at most
-    `batch` at a time, to bound its memory). generate: this file's, or speed.FastPath's."""
+    """The LLM policy as an actor (batch > 0: at most `batch` episodes a generate, to bound its
+    memory). generate: this file's, or speed.FastPath's."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0,
                  batch: int = 0, generate=generate):
         self.model, self.tokenizer, self.batch, self.sample = model, tokenizer, batch, generate
         self.config = sampling_config(tokenizer, model, max_new_tokens, temperature)
-        model.generation_config = self.config
         self.eos = set(self.config.eos_token_id)
         self.tokens_generated = 0
 
     @contextlib.contextmanager
     def serving(self, model, iteration: int):
-        """One rollout of train.py: the model decodes with this sampling rule (an evaluation may
-        have installed another); tokens_generated counts from 0. (vLLM's policy is handed the
+        """One rollout of train.py: tokens_generated counts from 0. (vLLM's policy is handed the
         adapter here.)"""
-        self.model.generation_config, self.tokens_generated = self.config, 0
+        self.tokens_generated = 0
         yield self
 
     def act(self, contexts: list[list[dict]], states) -> list[tuple[list[int], list[int], str]]:

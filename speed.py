@@ -18,9 +18,8 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
   - in the rollouts, the episodes of a group start from the same prompt and keep sharing its task
     and older history: each prompt prefix shared by several rows of a generate call is prefilled
     once (as vLLM's prefix caching does), then each row's remainder after it, one row at a time, so
-    that no padding is prefilled; generate continues from that cache and samples as before;
-  - while generate decodes, the KV cache is written in place (InPlaceLayer) instead of concatenated,
-    and the output head reads a contiguous input (contiguous_head_input).
+    that no padding is prefilled; rollout.decode continues from that cache and samples as before;
+  - while generate decodes, the KV cache is written in place (InPlaceLayer) instead of concatenated.
 `FastPath` has rollout.py's log-prob functions and `generate` as methods, under the same names and
 signatures (called with keywords); train.py uses one in place of rollout.py unless --plain is given.
 """
@@ -37,7 +36,7 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicLayer
 
-from rollout import autocast
+from rollout import autocast, decode, left_padded
 from segments import Row, Rows, length_batches, shared_prefix_len
 
 
@@ -416,28 +415,21 @@ def common_length(a: list[int], b: list[int]) -> int:
 
 def shared_prefix_generate(model, prompts: list[list[int]], config, pad_id: int,
                            in_place: bool = True) -> list[list[int]]:
-    """model.generate over `prompts` (config: rollout.sampling_config), each shared prefix prefilled once and
+    """rollout.generate over `prompts` (config: rollout.sampling_config), each shared prefix prefilled once and
     no padding prefilled; in_place (tools.bench's "before" turns it off): the cache written in place while
-    decoding, the head's input contiguous.
+    decoding.
 
     The prefill (prefilled_rows) computes each cluster's prefix once, then each row's remainder but its last
     token after it, one row at a time, and lays the rows' caches out as the plain generate lays out its
-    prompts: left-padded to the longest. generate continues from that cache with each row's last token,
-    then decodes as usual. Returns each row's ids after its prompt."""
+    prompts: left-padded to the longest. rollout.decode continues from that cache with each row's last token,
+    then decodes as the plain path does. Returns each row's ids after its prompt."""
     device = model.get_input_embeddings().weight.device
     cache = prefilled_rows(model, prompts)  # None: every prompt is one token
-    L = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)  # (B, L) left-padded, as rollout.generate
-    mask = torch.zeros_like(ids)  # (B, L) 1 = real token
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p) :], mask[b, L - len(p) :] = torch.tensor(p), 1
+    ids, mask = left_padded(prompts, pad_id)  # (B, L) each, as rollout.generate lays them out
     if in_place and cache is not None:  # layer by layer: no layer's states are held twice
         for i, layer in enumerate(cache.layers):
             cache.layers[i] = InPlaceLayer.holding(layer)
-    with contiguous_head_input(model) if in_place else contextlib.nullcontext():
-        sampled = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                 **({_cache_argument(model): cache} if cache is not None else {}))  # (B, L + new)
-    return sampled[:, L:].tolist()
+    return decode(model, ids.to(device), mask.to(device), config, cache)  # (B, new)
 
 
 def prefilled_rows(model, prompts: list[list[int]]):
@@ -584,18 +576,3 @@ class InPlaceLayer(DynamicLayer):
         """Empty, as DynamicLayer.reset leaves it, the buffers freed too."""
         self.buffers = None
         super().reset()
-
-
-@contextlib.contextmanager
-def contiguous_head_input(model):
-    """[speed] Inside, the output head reads a contiguous copy of its input. generate's first step hands
-    the head each row's last position, a strided (B, 1, H) view, and torch's linear on such a view runs as
-    a batched matmul over B copies of the whole head: for SmolLM2's bf16 head (49,152 x 576) and 8 rows,
-    0.75 s on 2 CPU cores against 6 ms contiguous, once per generate call, with the same result."""
-    def contiguous(module, args):
-        return (args[0].contiguous(), *args[1:])
-    handle = model.get_output_embeddings().register_forward_pre_hook(contiguous)
-    try:
-        yield
-    finally:
-        handle.remove()

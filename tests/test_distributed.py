@@ -50,8 +50,13 @@ def test_two_processes_take_the_one_process_step(tmp_path):
     assert stats["update/optimizer_steps"] == 1 == saved["stats"]["update/optimizer_steps"]
     moved = [n for n in lora if not torch.equal(saved["before"][n], saved["after"][n])]
     assert moved
-    for n in lora:
-        assert torch.allclose(lora[n].detach(), saved["after"][n], atol=1e-6, rtol=1e-5), n
+    compared = stepped = 0
+    for n in lora:  # where a gradient is near Adam's eps (1e-8), its float rounding moves the step itself:
+        grad = one.optimizer.state[lora[n]]["exp_avg"].abs()  # 0.1 x |gradient|
+        sure = grad > 1e-7  # gradient > 1e-6: a step of lr * sign(gradient), whatever the rounding
+        assert torch.allclose(lora[n].detach()[sure], saved["after"][n][sure], atol=1e-6, rtol=1e-5), n
+        compared, stepped = compared + int(sure.sum()), stepped + int((grad > 0).sum())
+    assert compared > 0.9 * stepped  # nearly every weight that moved is compared: not a vacuous test
     # Adam's first step moves each weight by about lr * sign(gradient), which would hide a wrong
     # gradient scale: compare the gradients themselves (Adam's first moment is 0.1 * gradient)
     for p, m in zip(one.params, saved["exp_avg"]):

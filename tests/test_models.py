@@ -157,12 +157,13 @@ def test_four_bit_loading_rolls_out_and_updates_on_cpu(tmp_path):
                              announce=lambda s: None)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
     args = train.parse_args(["--load-in-4bit", "True"] + flags(
-        model=str(tmp_path / "tiny-qwen2"), preset="none", groups=2, group_size=2, max_steps=2, max_new_tokens=6,
+        model=str(tmp_path / "tiny-qwen2"), preset="none", groups=2, group_size=4, max_steps=2, max_new_tokens=6,
         lr=1e-2, eval_every=0, hindsight="expert", output_dir=str(tmp_path / "run")))
     trainer = train.Trainer(args, model=model, tokenizer=tok, env=StubEnv(2))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
     metrics, _ = trainer.iteration()
     assert metrics["rows"] > 0 and metrics["update/optimizer_steps"] == 2
+    assert metrics["groups_with_spread"] > 0  # a group that won and lost: a signal for the update to follow
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" in n)
 
 
