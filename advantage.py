@@ -152,8 +152,7 @@ class SHARPO:
         return args.lam > 0
 
     def advantages(self, rewards: torch.Tensor, groups: torch.Tensor, rows, args) -> Advantages:
-        """Stage 3: A_i of each row from the rewards (N,) and groups (N,) alone (Eq. 1), and the
-        rows stages 4-6 read: the teacher is asked only where A_i != 0 (section 4)."""
+        """Stage 3: Advantages, from the rewards (N,) and groups (N,) alone (Eq. 1, section 4)."""
         adv = row_advantages(rewards, groups, rows.traj, args.episode_stats)  # (B,)   (Eq. 1)
         trained, taught = needed_rows(adv != 0, rows.has_hindsight, args.kl_coef > 0,
                                       self.uses_teacher(args), self.reads_every_row)

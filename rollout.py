@@ -13,6 +13,7 @@ train.py runs FastPath's, and this file's with --plain (the two agree up to floa
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -112,7 +113,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> 
     """Up to config.max_new_tokens ids after each row of ids (B, L), a token for every row a step,
     until each has sampled an end of turn (then padding). cache: ids' first columns' KV cache
     (speed.py prefills it). config.min_new_tokens (timing tools) forbids an earlier end."""
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    decoder, head, key = model.get_decoder(), model.get_output_embeddings(), cache_keyword(model)
     start = 0 if cache is None else cache.get_seq_length()  # the columns the cache holds
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L) each token's place in its own row
     fed, position = ids[:, start:], positions[:, start:]  # the first step's input, (B, L - start)
@@ -120,9 +121,9 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> 
     live = torch.ones(len(ids), dtype=torch.bool, device=ids.device)  # (B,) no end of turn yet
     sampled = []
     for step in range(config.max_new_tokens):
-        out = decoder(input_ids=fed, attention_mask=mask, position_ids=position, cache=cache,
-                      use_cache=True)
-        cache = out.cache
+        out = decoder(input_ids=fed, attention_mask=mask, position_ids=position, use_cache=True,
+                      **{key: cache})
+        cache = out[key]
         logits = head(out.last_hidden_state[:, -1].contiguous()).float()  # (B, V) the last token's
         if step < (config.min_new_tokens or 0):
             logits[:, eos] = -torch.inf
@@ -134,6 +135,12 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> 
         fed, position = token[:, None], position[:, -1:] + 1  # (B, 1) each
         mask = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)  # (B, L + step + 1)
     return torch.stack(sampled, 1).tolist()  # (B, new)
+
+
+def cache_keyword(model) -> str:
+    """The decoder's name for its KV cache: `cache` (transformers 5.24), else `past_key_values`."""
+    params = inspect.signature(model.get_decoder().forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -36,7 +35,7 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicLayer
 
-from rollout import autocast, decode, left_padded
+from rollout import autocast, cache_keyword, decode, left_padded
 from segments import Row, Rows, length_batches, shared_prefix_len
 
 
@@ -334,14 +333,8 @@ def layers_from(decoder, first: int):
             decoder.config.layer_types = types
 
 
-def _cache_argument(model) -> str:
-    """The decoder's name for the KV cache: `cache` (transformers 5.24) or `past_key_values` (earlier 5.x)."""
-    params = inspect.signature(model.get_decoder().forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _cache_of(out):
-    """The KV cache a decoder pass returned, under either name (see _cache_argument)."""
+    """The KV cache a decoder pass returned, under either name (see rollout.cache_keyword)."""
     return out["cache"] if "cache" in out.keys() else out["past_key_values"]
 
 
@@ -364,7 +357,7 @@ def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[R
     out = model.get_decoder()(
         input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[keep], tail_mask], dim=1),  # (k, Lc + Lt)
         position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
-        use_cache=True, **{_cache_argument(model): cache})  # (k, Lt, H)
+        use_cache=True, **{cache_keyword(model): cache})  # (k, Lt, H)
     start = torch.tensor([teacher_rows[j].num_prompt - shared[j] for j in keep], device=device)  # (k,)
     t_len = length[keep]  # (k,) the same responses as the student rows
     h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
@@ -443,7 +436,7 @@ def prefilled_rows(model, prompts: list[list[int]]):
     computed for 12,834 distinct tokens). On a CPU a prefill of a hundred tokens already runs the matrix
     products at their rate, so batching rows gains nothing there (docs/scaling.md)."""
     device = model.get_input_embeddings().weight.device
-    decoder, name = model.get_decoder(), _cache_argument(model)
+    decoder, name = model.get_decoder(), cache_keyword(model)
     cluster_of, n = prefix_clusters(prompts)
     W = max(len(p) for p in prompts) - 1  # cached columns
     keys = values = cache = None

@@ -201,7 +201,7 @@ PRESET_CHANGES = {
         "eval_every": (8, "one held-out evaluation, at the end"),
         "eval_split": ("valid_seen", "the learning set's held-out games"),
     },
-    "cpu-watch": {  # learning to watch in about 9 minutes on 2 CPU cores (results/watch-epyc): the demo's
+    "cpu-watch": {  # learning to watch in about 10 minutes on 2 CPU cores (results/watch-xeon): the demo's
         # model, warm start and short games, all 4 of them every iteration (results/watch-xeon: 3 seeds and 3
         # placebos). Pilots, seed 0: lr 3e-4 at temperature 1 and 4 steps won 0.25, 0.31, 0.25, 0.06 (no group
         # held a win and a loss); at temperature 0.6 and 6 steps, lr 3e-4 won 0.38 -> 0.56 by iteration 5, lr
@@ -217,9 +217,9 @@ PRESET_CHANGES = {
                          "loss; a sixth turn costs about a sixth of the rollout"),
         "temperature": (0.6, "at temperature 1 the warm start wins only the one 3-step game; at 0.6 it wins some "
                              "of the others"),
-        "iterations": (8, "9m05s on a 2-core AMD EPYC without AMX (bf16; results/watch-epyc), 9m48s (seed 0) "
-                          "on a 2-core Xeon without AMX (float32; results/watch-xeon); each seed of "
-                          "results/watch-xeon, watch-cpu and watch-epyc ended higher than it began"),
+        "iterations": (8, "9m48s (seed 0) on a 2-core Xeon without AMX (float32; results/watch-xeon); 9m05s on a "
+                          "2-core AMD EPYC without AMX before the rollouts' own sampler (bf16; results/watch-epyc); "
+                          "each seed of results/watch-xeon, watch-cpu and watch-epyc ended higher than it began"),
         "lr": (1e-3, "a step that moves a 135M model's success within a few iterations (3e-4 moved it half as far)"),
         "minibatches": (4, "4 optimizer steps an iteration, each row read once: the 4 steps of 2 epochs x 2 "
                            "minibatches in half the update's time"),

@@ -35,8 +35,8 @@ alternating after a warm-up, from the same tasks and seed; prints the cached / p
 processes, in one run; prints env seconds per reset and per turn and the N/1 ratio.
 
 `--demo-decode alfworld` (or webshop) replays the generate calls of one cpu-demo rollout (its prompts, as
-the demo played them) three ways: the plain generate; speed.py's shared prefixes as they were before the
-cache written in place and the head's contiguous input (`in_place=False`); and as they are now. Each call
+the demo played them) three ways: the plain generate; speed.py's shared prefixes without the cache
+written in place (`in_place=False`); and as they are now. Each call
 runs with 1 new token (its first step: the prefill and the head) and with --new-tokens + 1 (end of turn
 blocked), a round's decode step being the difference over --new-tokens; after a warm-up round the ways
 take turns, the order rotated each round, each call from the same seed; prints each way's medians, the
