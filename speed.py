@@ -163,8 +163,8 @@ class FastPath:
                 if keep:
                     with watch("teacher"):
                         logp_teacher[[part[j] for j in keep]] = _teacher_tails(
-                            model, _cache_of(out), mask[:, :Lc], keep, [teacher_rows[b] for b in part], shared,
-                            length, self.pad_id, temperature, T, Ls)
+                            model, out[cache_keyword(model)], mask[:, :Lc], keep, [teacher_rows[b] for b in part],
+                            shared, length, self.pad_id, temperature, T, Ls)
         return logp_student, logp_teacher
 
 
@@ -333,11 +333,6 @@ def layers_from(decoder, first: int):
             decoder.config.layer_types = types
 
 
-def _cache_of(out):
-    """The KV cache a decoder pass returned, under either name (see rollout.cache_keyword)."""
-    return out["cache"] if "cache" in out.keys() else out["past_key_values"]
-
-
 def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[Row], shared: list[int],
                    length: torch.Tensor, pad_id: int, temperature: float, T: int, Ls: int) -> torch.Tensor:
     """The teacher rows `keep` of one micro-batch, continued from its student pass's cache (Lc + Ls
@@ -445,13 +440,13 @@ def prefilled_rows(model, prompts: list[list[int]]):
         prefix = {}  # the cluster's prefix's cache, computed once
         if shared:
             ids = torch.tensor([prompts[members[0]][:shared]], device=device)  # (1, n_c)
-            prefix = {name: _cache_of(decoder(input_ids=ids, use_cache=True))}
+            prefix = {name: decoder(input_ids=ids, use_cache=True)[name]}
         for b in members:
             rest = prompts[b][shared:-1]  # the remainder but its last token
             if rest:
                 positions = torch.arange(shared, shared + len(rest), device=device)[None]  # (1, r) after the prefix
-                cache = _cache_of(decoder(input_ids=torch.tensor([rest], device=device), position_ids=positions,
-                                          use_cache=True, **prefix))
+                cache = decoder(input_ids=torch.tensor([rest], device=device), position_ids=positions,
+                                use_cache=True, **prefix)[name]
             elif shared:
                 cache = prefix[name]
             else:

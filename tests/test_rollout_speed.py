@@ -12,8 +12,7 @@ import rollout
 from infra.models import load_policy
 from rollout import ModelPolicy, play_episodes
 from segments import generation_prompt_ids
-from speed import (FastPath, InPlaceLayer, _cache_of, common_length, prefilled_rows, prefix_clusters,
-                   shared_prefix_generate)
+from speed import FastPath, InPlaceLayer, common_length, prefilled_rows, prefix_clusters, shared_prefix_generate
 
 torch.set_num_threads(1)
 
@@ -97,7 +96,7 @@ def test_the_prefill_computes_each_distinct_token_once_and_no_padding():
     for b, p in enumerate(prompts):
         with torch.no_grad():
             alone = model.get_decoder()(input_ids=torch.tensor([p[:-1]]), use_cache=True)
-        for mine, its in zip(cache.layers, _cache_of(alone).layers):
+        for mine, its in zip(cache.layers, alone[rollout.cache_keyword(model)].layers):
             assert mine.keys.shape[2] == W and not mine.keys[b, :, : W - len(p) + 1].any()  # the padding: zeros
             assert torch.allclose(mine.keys[b, :, W - len(p) + 1 :], its.keys[0], atol=1e-5)
             assert torch.allclose(mine.values[b, :, W - len(p) + 1 :], its.values[0], atol=1e-5)
@@ -186,12 +185,12 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
                for t in ("You see a countertop 1.", "You see a countertop 1.", "Past: look. You are in a room.")]
     config = rollout.sampling_config(tok, model, 80)
     config.min_new_tokens = 80
-    logs, sampled, seen = {}, {}, {}
+    logs, sampled, seen, key = {}, {}, {}, rollout.cache_keyword(model)
     for in_place in (False, True):
         logs[in_place], seen[in_place] = [], []
 
         def layers(module, args, kwargs, seen=seen[in_place]):  # the cache each decoder pass is handed
-            seen.append({type(layer).__name__ for layer in getattr(kwargs.get("cache"), "layers", [])})
+            seen.append({type(layer).__name__ for layer in getattr(kwargs.get(key), "layers", [])})
         spies = [spy_logits(model, logs[in_place]),
                  model.get_decoder().register_forward_pre_hook(layers, with_kwargs=True)]
         torch.manual_seed(5)
