@@ -374,13 +374,17 @@ TINY_RUN = ["train.py", "--model", "tiny", "--preset", "none", "--env", "webshop
 
 @pytest.mark.slow
 def test_an_output_that_closes_or_fills_is_a_stop_and_the_run_resumes(tmp_path):
-    """train.py | head -1: the first write after the reader left stops the run as SIGTERM would (exit 141, one
-    line naming the checkpoint kept, no traceback); > /dev/full: exit 74, the same. Either run resumes."""
+    """train.py | head -2 (its header): the first write after the reader left, an iteration's line, stops the
+    run as SIGTERM would (exit 141, one line naming the checkpoint kept, no traceback); > /dev/full: exit 74,
+    the same. Either run resumes. The reader takes the whole header: under PYTHONUNBUFFERED, print writes a
+    line's text and its newline apart, and a reader that left between them stopped the run before its folder
+    was open."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "piped"
     proc = subprocess.Popen([sys.executable, *TINY_RUN, str(out)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
-    proc.stdout.readline()  # head -1: one line, then the reader leaves
+    header = [proc.stdout.readline() for _ in range(2)]  # head -2, then the reader leaves
+    assert header[1].startswith("each iteration's line"), header
     proc.stdout.close()
     err = proc.stderr.read()
     proc.wait(timeout=300)
