@@ -7,8 +7,7 @@ generate was fed (c_k) and sampled (a_k).
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
 computation, written here plainly (`row_logprobs`): one forward over the row, then
     logp_t = log softmax(lm_head(h_{t-1}) / temperature)[x_t]   for t in the response only.
-speed.py's `FastPath` computes the same under the same names and signatures, batched and cached;
-train.py runs FastPath's, and this file's with --plain (the two agree up to float rounding).
+speed.py's `FastPath` computes the same, batched and cached; train.py --plain runs this file's.
 """
 from __future__ import annotations
 
@@ -79,9 +78,6 @@ def student_teacher_logprobs(model, rows: Rows, student: torch.Tensor, taught: t
     hindsight block (`taught` (B,), within `student`), over the response tokens only (METHOD.md
     section 2). Rows not selected stay 0. watch: gets each pass's seconds.
     """
-    if bool((taught & ~student).any()):
-        raise ValueError("student_teacher_logprobs: a taught row must also be a student row (the "
-                         "fast path continues its cache)")
     watch = watch or (lambda name: contextlib.nullcontext())
     T = rows.response_mask.shape[1]
     with watch("student"):
@@ -111,30 +107,40 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> list[list[int]]:
     """Up to config.max_new_tokens ids after each row of ids (B, L), a token for every row a step,
-    until each has sampled an end of turn (then padding). cache: ids' first columns' KV cache
-    (speed.py prefills it). config.min_new_tokens (timing tools) forbids an earlier end."""
+    until each has sampled an end of turn (then padding; once half have, the ended rows leave the
+    batch). cache: ids' first columns' KV cache (speed.py prefills it). config.min_new_tokens
+    (timing tools) forbids an earlier end."""
     decoder, head, key = model.get_decoder(), model.get_output_embeddings(), cache_keyword(model)
     start = 0 if cache is None else cache.get_seq_length()  # the columns the cache holds
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L) each token's place in its own row
     fed, position = ids[:, start:], positions[:, start:]  # the first step's input, (B, L - start)
     eos = torch.tensor(config.eos_token_id, device=ids.device)
-    live = torch.ones(len(ids), dtype=torch.bool, device=ids.device)  # (B,) no end of turn yet
-    sampled = []
+    rows = torch.arange(len(ids), device=ids.device)  # (b,) the batch's rows of ids
+    live = torch.ones(len(ids), dtype=torch.bool, device=ids.device)  # (b,) no end of turn yet
+    sampled = torch.full((len(ids), config.max_new_tokens), config.pad_token_id, device=ids.device)
     for step in range(config.max_new_tokens):
         out = decoder(input_ids=fed, attention_mask=mask, position_ids=position, use_cache=True,
                       **{key: cache})
         cache = out[key]
-        logits = head(out.last_hidden_state[:, -1].contiguous()).float()  # (B, V) the last token's
+        logits = head(out.last_hidden_state[:, -1].contiguous()).float()  # (b, V) the last token's
         if step < (config.min_new_tokens or 0):
             logits[:, eos] = -torch.inf
-        token = draw(logits, config.temperature if config.do_sample else 0)  # (B,)
-        sampled.append(torch.where(live, token, config.pad_token_id))
+        if config.do_sample:  # a uniform for each row of ids, as if none had left the batch
+            u = torch.rand(len(ids), 1, dtype=torch.float64, device=ids.device)[rows]  # (b, 1)
+            token = draw(logits, config.temperature, u)  # (b,)
+        else:
+            token = logits.argmax(-1)  # (b,) greedy
+        sampled[rows[live], step] = token[live]
         live &= ~torch.isin(token, eos)
         if not live.any():
             break
-        fed, position = token[:, None], position[:, -1:] + 1  # (B, 1) each
-        mask = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)  # (B, L + step + 1)
-    return torch.stack(sampled, 1).tolist()  # (B, new)
+        fed, position = token[:, None], position[:, -1:] + 1  # (b, 1) each
+        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)  # (b, L + step + 1)
+        if 2 * int(live.sum()) <= len(live):  # the ended rows leave: no step computes them again
+            cache.batch_select_indices(live.nonzero()[:, 0])
+            rows, fed, position, mask = rows[live], fed[live], position[live], mask[live]
+            live = live[live]
+    return sampled[:, : step + 1].tolist()  # (B, new)
 
 
 def cache_keyword(model) -> str:
@@ -143,15 +149,12 @@ def cache_keyword(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """An id a row from softmax(logits / temperature), (B, V) -> (B,) (temperature 0: argmax), by
-    inverse CDF: one uniform a row, not torch.multinomial's one for every id (docs/scaling.md).
-    The running sum is float64, so that no small probability rounds away."""
-    if temperature == 0:
-        return logits.argmax(-1)
+def draw(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """An id a row from softmax(logits / temperature), (B, V) -> (B,), by inverse CDF at u (B, 1),
+    uniform in [0, 1); the sum in float64, so that no small probability rounds away."""
     cdf = torch.softmax(logits / temperature, dim=-1).double().cumsum(-1)  # (B, V)
-    u = torch.rand(len(cdf), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]  # (B, 1)
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    at = u * cdf[:, -1:]  # (B, 1)
+    return torch.searchsorted(cdf, at, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 @dataclass

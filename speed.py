@@ -522,8 +522,8 @@ class InPlaceLayer(DynamicLayer):
     turn, 8 rows of up to 618 tokens, the concatenations were ~20% of a CPU decode step's op time).
     Attention reads the same values over the same length, so no number changes (the static cache attends
     over its whole buffer, masked, which in bf16 rounds otherwise). A new buffer is made, the states held
-    copied into it once, when the room is used up or when another method of the cache (batch_select_indices,
-    reorder_cache) has replaced the states with a tensor of its own; after a crop the states are still the
+    copied into it once, when the room is used up or when another method of the cache (reorder_cache) has
+    replaced the states with a tensor of its own; after a crop the states are still the
     buffer's first tokens, and the next step writes after them."""
 
     GROW = 64  # tokens of room a new buffer has past the states it holds
@@ -559,6 +559,15 @@ class InPlaceLayer(DynamicLayer):
         buffers[0][..., n : n + k, :], buffers[1][..., n : n + k, :] = key_states, value_states
         self.keys, self.values = buffers[0][..., : n + k, :], buffers[1][..., : n + k, :]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices` (rollout.decode: those still decoding), copied once, room and all, into
+        a buffer of their own (DynamicLayer's copies them out of it, and the next step into a new one)."""
+        if getattr(self, "buffers", None) is None or self.keys.data_ptr() != self.buffers[0].data_ptr():
+            return super().batch_select_indices(indices)
+        n = self.get_seq_length()
+        self.buffers = tuple(buffer[indices] for buffer in self.buffers)
+        self.keys, self.values = self.buffers[0][..., :n, :], self.buffers[1][..., :n, :]
 
     def reset(self) -> None:
         """Empty, as DynamicLayer.reset leaves it, the buffers freed too."""

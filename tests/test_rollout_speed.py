@@ -155,8 +155,10 @@ def test_the_in_place_layer_holds_what_concatenation_would():
     assert torch.equal(grown.update(x, x)[0], in_place.update(x, x)[0])
     rows = torch.tensor([2, 0])
     grown.batch_select_indices(rows), in_place.batch_select_indices(rows)
+    selected = in_place.buffers[0].data_ptr()
     x = torch.randn(2, 2, 1, 4)
     assert torch.equal(grown.update(x, x)[1], in_place.update(x, x)[1])
+    assert in_place.buffers[0].data_ptr() == selected  # the selection's own buffer: the step wrote into its room
     for rows, heads in ((slice(0, 1), slice(None)), (slice(None), slice(0, 1))):  # the first row, then head: a view
         for layer in (grown, in_place):  # that starts where the buffer does
             layer.keys, layer.values = layer.keys[rows, heads], layer.values[rows, heads]
