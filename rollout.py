@@ -1,8 +1,7 @@
 """Rollout: play batched multi-turn episodes with the policy, and score the sampled tokens.
 
 At every turn, one batched `generate` over all live episodes samples a response a_k ~ pi(. | c_k)
-from the policy (METHOD.md's sampling rule: `decode`, `draw`). Each step keeps exactly the ids
-generate was fed (c_k) and sampled (a_k).
+from the policy (METHOD.md's sampling rule: `decode`, `draw`), keeping the ids it was fed (c_k).
 
 The log-probs of the sampled tokens, for the student, its teacher and the reference, are one
 computation, written here plainly (`row_logprobs`): one forward over the row, then
@@ -136,7 +135,7 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> 
             break
         fed, position = token[:, None], position[:, -1:] + 1  # (b, 1) each
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)  # (b, L + step + 1)
-        if 2 * int(live.sum()) <= len(live):  # the ended rows leave: no step computes them again
+        if 2 * int(live.sum()) <= len(live):  # the ended rows leave the batch
             cache.batch_select_indices(live.nonzero()[:, 0])
             rows, fed, position, mask = rows[live], fed[live], position[live], mask[live]
             live = live[live]
@@ -167,8 +166,9 @@ class LogProbs:
 
 # ------------------------------------------------------------------ sampling
 def sampling_config(tokenizer, model, max_new_tokens: int, temperature: float = 1.0):
-    """METHOD.md's sampling rule (temperature 0: greedy), which `decode` reads; no top-p, top-k or
-    repetition penalty, whatever the model's own (Qwen's top_p 0.8, top_k 20, penalty 1.05)."""
+    """METHOD.md's sampling rule (temperature 0: greedy) for `decode`; top-p, top-k and repetition
+    penalty off, whatever the model's own (Qwen's top_p 0.8, top_k 20, penalty 1.05), for any
+    transformers' generate given it (the device check's)."""
     eos = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:

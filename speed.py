@@ -523,8 +523,9 @@ class InPlaceLayer(DynamicLayer):
     Attention reads the same values over the same length, so no number changes (the static cache attends
     over its whole buffer, masked, which in bf16 rounds otherwise). A new buffer is made, the states held
     copied into it once, when the room is used up or when another method of the cache (reorder_cache) has
-    replaced the states with a tensor of its own; after a crop the states are still the
-    buffer's first tokens, and the next step writes after them."""
+    replaced the states with a tensor of its own; a selection of rows (batch_select_indices) copies the kept
+    rows, room and all, into a buffer of their own; after a crop the states are still the buffer's first
+    tokens, and the next step writes after them."""
 
     GROW = 64  # tokens of room a new buffer has past the states it holds
 
