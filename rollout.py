@@ -131,11 +131,12 @@ def decode(model, ids: torch.Tensor, mask: torch.Tensor, config, cache=None) -> 
             token = logits.argmax(-1)  # (b,) greedy
         sampled[rows[live], step] = token[live]
         live &= ~torch.isin(token, eos)
-        if not live.any():
+        decoding = int(live.sum())
+        if not decoding:
             break
         fed, position = token[:, None], position[:, -1:] + 1  # (b, 1) each
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)  # (b, L + step + 1)
-        if 2 * int(live.sum()) <= len(live):  # the ended rows leave the batch
+        if 2 * decoding <= len(live):  # the ended rows leave the batch
             cache.batch_select_indices(live.nonzero()[:, 0])
             rows, fed, position, mask = rows[live], fed[live], position[live], mask[live]
             live = live[live]
