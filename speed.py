@@ -19,7 +19,8 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
     and older history: each prompt prefix shared by several rows of a generate call is prefilled
     once (as vLLM's prefix caching does), then each row's remainder after it, one row at a time, so
     that no padding is prefilled; rollout.decode continues from that cache and samples as before;
-  - while generate decodes, the KV cache is written in place (InPlaceLayer) instead of concatenated.
+  - while generate decodes, the KV cache is written in place (InPlaceLayer) instead of concatenated,
+    and the frozen linears compute on their weights packed once for the CPU's kernels (packed_linears).
 `FastPath` has rollout.py's log-prob functions and `generate` as methods, under the same names and
 signatures (called with keywords); train.py uses one in place of rollout.py unless --plain is given.
 """
@@ -52,7 +53,7 @@ class FastPath:
     micro_batch_rows: int = 4
     kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to layer kept_layer)
     kept_layer: int = 0  # the first trained layer, found as the student pass kept the inputs to it
-    packed: dict = field(default_factory=dict)  # id(linear) -> (its weight, packed for oneDNN): generate's
+    packed: dict = field(default_factory=dict)  # id(linear) -> (its weight, packed): generate's
 
     def __post_init__(self):
         keep_freed_memory()
@@ -105,7 +106,7 @@ class FastPath:
 
     def generate(self, model, prompts: list[list[int]], config) -> list[list[int]]:
         """rollout.generate (the same sampling config), each shared prompt prefix prefilled once and no
-        padding prefilled (shared_prefix_generate), the bf16 linears on weights packed for oneDNN
+        padding prefilled (shared_prefix_generate), the frozen linears on weights packed once
         (packed_linears)."""
         with packed_linears(model, self.packed):
             return shared_prefix_generate(model, prompts, config, self.pad_id)
@@ -471,22 +472,26 @@ def prefilled_rows(model, prompts: list[list[int]]):
 # ----------------------------------------------------------------------------- decoding: the weights read at their pace
 @contextlib.contextmanager
 def packed_linears(model, packed: dict):
-    """[speed] Inside, each frozen bf16 nn.Linear of `model` on a CPU (the decoder's and the output head,
-    not the LoRA's float32 ones) computes with its weight packed once into oneDNN's blocked layout
-    (`packed`: id(module) -> (weight, packed copy), kept for later calls while the weight is the same).
-    The same numbers as the bf16 linear autocast runs (tests/test_rollout_speed.py), faster at a decode
-    step's few rows: 6 rows read SmolLM2's head at 12 GB/s with torch's bf16 linear, at 29 GB/s packed
-    (a 2-core EPYC; tools/decode_floor.py times the step). float32 is left as it is: oneDNN's float32
-    kernel sums in another order than MKL's, so its numbers would differ in the last bits."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16
+    """[speed] Inside, each frozen bf16 or float32 nn.Linear of `model` on a CPU (the decoder's and the
+    output head, not the LoRA's trainable ones) computes with its weight packed once for the CPU's matrix
+    kernel (`packed`: id(module) -> (weight, packed copy), kept for later calls while the weight is the
+    same). Unpacked, the kernel lays the weight out again at every call, a copy as large as the weight,
+    and a decode step's few rows do not pay for it: 6 rows read SmolLM2's head at 12 GB/s with torch's bf16
+    linear, at 29 GB/s packed (a 2-core EPYC; tools/decode_floor.py times the step).
+      bf16     oneDNN's blocked layout: the same numbers as the bf16 linear autocast runs.
+      float32  MKL's packed product: torch's float32 linear to float rounding (on a 2-core Xeon, bit for
+               bit from 16 rows up; below 16 rows MKL's unpacked product takes another kernel).
+    tests/test_rollout_speed.py checks both; the packed copies take as much memory as the weights."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in PACKED
                and m.weight.device.type == "cpu" and not m.weight.requires_grad]
-    if not linears or not torch.backends.mkldnn.is_available():
+    if not linears or not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()):
         yield
         return
     for m in linears:
+        pack, forward = PACKED[m.weight.dtype]
         if packed.get(id(m), (None,))[0] is not m.weight:  # new, or its weight replaced
-            packed[id(m)] = (m.weight, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 16))
-        m.forward = functools.partial(_packed_linear, weight=packed[id(m)][1], bias=m.bias)
+            packed[id(m)] = (m.weight, pack(m.weight.detach()))
+        m.forward = functools.partial(forward, packed=packed[id(m)][1], weight=m.weight, bias=m.bias)
     try:
         yield
     finally:
@@ -494,9 +499,22 @@ def packed_linears(model, packed: dict):
             del m.forward  # the class's own again
 
 
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """nn.Linear's forward on a packed bf16 weight: the input in bf16, as autocast gives it."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight, bias, "none", [], "")
+def _packed_bf16(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """nn.Linear's forward on a weight packed for oneDNN: the input in bf16, as autocast gives it."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
+
+
+def _packed_fp32(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """nn.Linear's forward on a weight packed for MKL (torch's op takes the unpacked weight too)."""
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.numel() // x.shape[-1])
+
+
+PACKED = {  # a weight's dtype -> (how it is packed, the forward on the packed copy); 16: the rows it is tuned for
+    torch.bfloat16: (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
+    torch.float32: (lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
+}
 
 
 def keep_freed_memory() -> None:

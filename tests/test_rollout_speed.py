@@ -207,16 +207,17 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
     assert all(torch.equal(a, b) for a, b in zip(logs[True], logs[False]))
 
 
-def test_packed_bf16_linears_compute_the_same_numbers_and_leave_nothing_behind():
+def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
     """speed.packed_linears: inside, a frozen bf16 linear (bias or not, 2-D or 3-D input, one row or a prefill's
-    hundreds) gives exactly what autocast's bf16 linear gives, and a generate samples exactly the same tokens;
-    outside, every module computes as before, and the packed copies are made once and kept. float32 linears,
-    the LoRA's among them, are not packed."""
+    hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one what torch's float32 linear
+    gives to float rounding, and a generate samples exactly the same tokens; outside, every module computes as
+    before, and the packed copies are made once and kept. Trainable linears, the LoRA's, are not packed."""
     from speed import packed_linears
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16).requires_grad_(False) for bias in (False, True)]
-    net, packed = torch.nn.Sequential(*layers, torch.nn.Linear(96, 8)), {}  # the last: float32, left alone
+    frozen = torch.nn.Linear(96, 96).requires_grad_(False)  # float32
+    net, packed = torch.nn.Sequential(*layers, frozen, torch.nn.Linear(96, 8)), {}  # the last: trainable, left alone
     for x in (torch.randn(1, 64), torch.randn(300, 64), torch.randn(2, 5, 64)):
         for layer in layers:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -224,7 +225,14 @@ def test_packed_bf16_linears_compute_the_same_numbers_and_leave_nothing_behind()
             with packed_linears(net, packed), torch.autocast("cpu", dtype=torch.bfloat16):
                 got = layer(x)
             assert torch.equal(got, want) and got.dtype == torch.bfloat16
-    assert len(packed) == 2 and all("forward" not in vars(m) for m in net)
+        h = torch.randn(*x.shape[:-1], 96)
+        want = frozen(h)
+        with packed_linears(net, packed):
+            got = frozen(h)
+            assert "forward" in vars(frozen)  # on the packed copy
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert len(packed) == 3 and all("forward" not in vars(m) for m in net)
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
     prompts = [generation_prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("a mug", "a mug on a table")]
     config = rollout.sampling_config(tok, model, 24)
