@@ -53,7 +53,7 @@ class FastPath:
     micro_batch_rows: int = 4
     kept: dict = field(default_factory=dict)  # id(row) -> (row, its input to layer kept_layer)
     kept_layer: int = 0  # the first trained layer, found as the student pass kept the inputs to it
-    packed: dict = field(default_factory=dict)  # id(linear) -> (its weight, packed): generate's
+    packed: dict = field(default_factory=dict)  # id(linear) -> (its weight, version, packed): generate's
 
     def __post_init__(self):
         keep_freed_memory()
@@ -473,25 +473,26 @@ def prefilled_rows(model, prompts: list[list[int]]):
 @contextlib.contextmanager
 def packed_linears(model, packed: dict):
     """[speed] Inside, each frozen bf16 or float32 nn.Linear of `model` on a CPU (the decoder's and the
-    output head, not the LoRA's trainable ones) computes with its weight packed once for the CPU's matrix
-    kernel (`packed`: id(module) -> (weight, packed copy), kept for later calls while the weight is the
-    same). Unpacked, the kernel lays the weight out again at every call, a copy as large as the weight,
-    and a decode step's few rows do not pay for it: 6 rows read SmolLM2's head at 12 GB/s with torch's bf16
-    linear, at 29 GB/s packed (a 2-core EPYC; tools/decode_floor.py times the step).
+    output head; not the LoRA's, which every update changes) computes with its weight packed once for the
+    CPU's matrix kernel (`packed`: id(module) -> (weight, its version, packed copy), kept for later calls
+    while the weight is the same tensor, not changed in place). Unpacked, the kernel lays the weight out
+    again at every call, a copy as large as the weight, and a decode step's few rows do not pay for it
+    (tools/decode_floor.py times the step; docs/scaling.md has the figures).
       bf16     oneDNN's blocked layout: the same numbers as the bf16 linear autocast runs.
       float32  MKL's packed product: torch's float32 linear to float rounding (on a 2-core Xeon, bit for
-               bit from 16 rows up; below 16 rows MKL's unpacked product takes another kernel).
-    tests/test_rollout_speed.py checks both; the packed copies take as much memory as the weights."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in PACKED
-               and m.weight.device.type == "cpu" and not m.weight.requires_grad]
-    if not linears or not (torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()):
+               bit for 16 rows and more; below 16 rows MKL's unpacked product takes another kernel).
+    tests/test_rollout_speed.py checks both. A dtype whose library torch was built without is left as it is."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
+               and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype][0].is_available()]
+    if not linears:
         yield
         return
     for m in linears:
-        pack, forward = PACKED[m.weight.dtype]
-        if packed.get(id(m), (None,))[0] is not m.weight:  # new, or its weight replaced
-            packed[id(m)] = (m.weight, pack(m.weight.detach()))
-        m.forward = functools.partial(forward, packed=packed[id(m)][1], weight=m.weight, bias=m.bias)
+        _, pack, forward = PACKED[m.weight.dtype]
+        held = packed.get(id(m))
+        if held is None or held[0] is not m.weight or held[1] != m.weight._version:  # new, replaced or changed
+            packed[id(m)] = (m.weight, m.weight._version, pack(m.weight.detach()))
+        m.forward = functools.partial(forward, packed=packed[id(m)][2], weight=m.weight, bias=m.bias)
     try:
         yield
     finally:
@@ -507,14 +508,16 @@ def _packed_bf16(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
 
 def _packed_fp32(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None) -> torch.Tensor:
-    """nn.Linear's forward on a weight packed for MKL (torch's op takes the unpacked weight too)."""
+    """nn.Linear's forward on a weight packed for MKL. The last argument, the rows the op is told the pack was
+    made for, is the call's own, so that the op takes the pack (else the unpacked weight): a pack made for 16
+    rows gave torch's numbers to 7.5e-7 of the largest at 1 to 777 rows, for each of SmolLM2's shapes."""
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.numel() // x.shape[-1])
 
 
-PACKED = {  # a weight's dtype -> (how it is packed, the forward on the packed copy); 16: the rows it is tuned for
-    torch.bfloat16: (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
-    torch.float32: (lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
-}
+PACKED = {  # a weight's dtype -> (the library, how a weight is packed, the forward on the packed copy)
+    torch.bfloat16: (torch.backends.mkldnn, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
+    torch.float32: (torch.backends.mkl, lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
+}  # 16: the rows each kernel is told to expect
 
 
 def keep_freed_memory() -> None:

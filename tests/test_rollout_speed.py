@@ -210,8 +210,9 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
 def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
     """speed.packed_linears: inside, a frozen bf16 linear (bias or not, 2-D or 3-D input, one row or a prefill's
     hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one what torch's float32 linear
-    gives to float rounding, and a generate samples exactly the same tokens; outside, every module computes as
-    before, and the packed copies are made once and kept. Trainable linears, the LoRA's, are not packed."""
+    gives to float rounding, and a bf16 generate samples exactly the same tokens; outside, every module computes as
+    before, and the packed copies are made once and kept until a weight changes. Trainable linears, the LoRA's,
+    are not packed."""
     from speed import packed_linears
 
     torch.manual_seed(0)
@@ -233,6 +234,15 @@ def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
         assert got.shape == want.shape and got.dtype == torch.float32
         assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     assert len(packed) == 3 and all("forward" not in vars(m) for m in net)
+    kept = packed[id(frozen)][2]
+    with packed_linears(net, packed):
+        assert packed[id(frozen)][2] is kept  # the weight unchanged: not packed again
+    with torch.no_grad():
+        frozen.weight.mul_(2)  # changed in place: packed again
+    with packed_linears(net, packed):
+        got = frozen(h)
+    assert packed[id(frozen)][2] is not kept and len(packed) == 3
+    assert (got - frozen(h)).abs().max() <= 1e-5 * got.abs().max()
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
     prompts = [generation_prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("a mug", "a mug on a table")]
     config = rollout.sampling_config(tok, model, 24)
@@ -243,7 +253,7 @@ def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
         with torch.no_grad(), rollout.autocast(model):
             sampled.append(generate(model=model, prompts=prompts, config=config))
     assert sampled[0] == sampled[1] and len(sampled[0][0]) == 24
-    assert len(fast.packed) >= 14 and not any("forward" in vars(m) for m in model.modules())  # 2 layers x 7, the head
+    assert len(fast.packed) == 15 and not any("forward" in vars(m) for m in model.modules())  # 2 layers x 7, the head
 
 
 def test_the_decode_floor_bench_refuses_bad_input_before_it_times_anything(tmp_path, monkeypatch):

@@ -36,13 +36,13 @@ processes, in one run; prints env seconds per reset and per turn and the N/1 rat
 
 `--demo-decode alfworld` (or webshop) replays the generate calls of one cpu-demo rollout (its prompts, as
 the demo played them) three ways: the plain generate; speed.py's shared prefixes without the cache
-written in place (`in_place=False`); and as they are now. Each call
+written in place (`in_place=False`) and without packed weights; and as they are now (FastPath.generate). Each call
 runs with 1 new token (its first step: the prefill and the head) and with --new-tokens + 1 (end of turn
 blocked), a round's decode step being the difference over --new-tokens; after a warm-up round the ways
 take turns, the order rotated each round, each call from the same seed; prints each way's medians, the
 after / before ratios, and whether every round sampled what the plain generate and the before way did
-(after = before exactly; in bf16 the shared prefixes round otherwise than the plain generate, so those
-two may part after a few tokens). Use --repeats 3 (or a multiple) to give each way each place equally.
+(in bf16 after = before exactly, and the shared prefixes round otherwise than the plain generate, so those
+two may part after a few tokens; in float32 the packed products round otherwise below 16 rows). Use --repeats 3 (or a multiple) to give each way each place equally.
 
 Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
