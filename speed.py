@@ -479,11 +479,11 @@ def packed_linears(model, packed: dict):
     again at every call, a copy as large as the weight, and a decode step's few rows do not pay for it
     (tools/decode_floor.py times the step; docs/scaling.md has the figures).
       bf16     oneDNN's blocked layout: the same numbers as the bf16 linear autocast runs.
-      float32  MKL's packed product: torch's float32 linear to float rounding (on a 2-core Xeon, bit for
-               bit for 16 rows and more; below 16 rows MKL's unpacked product takes another kernel).
-    tests/test_rollout_speed.py checks both. A dtype whose library torch was built without is left as it is."""
+      float32  MKL's packed product: torch's float32 linear to float rounding (docs/scaling.md says where
+               it is bit for bit). Not under bf16 autocast, whose linear would compute in bf16.
+    tests/test_rollout_speed.py checks both. Where torch lacks the kernel (PACKED), a linear is left as it is."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-               and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype][0].is_available()]
+               and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype][0]()]
     if not linears:
         yield
         return
@@ -514,10 +514,13 @@ def _packed_fp32(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.numel() // x.shape[-1])
 
 
-PACKED = {  # a weight's dtype -> (the library, how a weight is packed, the forward on the packed copy)
-    torch.bfloat16: (torch.backends.mkldnn, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
-    torch.float32: (torch.backends.mkl, lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
-}  # 16: the rows each kernel is told to expect
+PACKED = {  # a weight's dtype -> (whether torch can pack it here and now, how it is packed, the forward)
+    torch.bfloat16: (torch.backends.mkldnn.is_available,
+                     lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
+    torch.float32: (lambda: (torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+                             and not torch.is_autocast_enabled("cpu")),  # torch's MKL op is built with oneDNN's
+                    lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
+}  # 16: the rows a pack is made for (a hint: calls of other sizes use the same pack)
 
 
 def keep_freed_memory() -> None:

@@ -209,16 +209,18 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
 
 def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
     """speed.packed_linears: inside, a frozen bf16 linear (bias or not, 2-D or 3-D input, one row or a prefill's
-    hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one what torch's float32 linear
-    gives to float rounding, and a bf16 generate samples exactly the same tokens; outside, every module computes as
-    before, and the packed copies are made once and kept until a weight changes. Trainable linears, the LoRA's,
-    are not packed."""
-    from speed import packed_linears
+    hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one (where torch has MKL's
+    kernel; not under bf16 autocast) what torch's float32 linear gives to float rounding, and a bf16 generate
+    samples exactly the same tokens; outside, every module computes as before, and the packed copies are made
+    once and kept until a weight changes. Trainable linears, the LoRA's, are not packed. (A float32 generate,
+    packed, beside the plain one: test_the_cached_prefill_samples_what_the_plain_one_does.)"""
+    from speed import PACKED, packed_linears
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16).requires_grad_(False) for bias in (False, True)]
-    frozen = torch.nn.Linear(96, 96).requires_grad_(False)  # float32
-    net, packed = torch.nn.Sequential(*layers, frozen, torch.nn.Linear(96, 8)), {}  # the last: trainable, left alone
+    frozen = [torch.nn.Linear(96, 96, bias=bias).requires_grad_(False) for bias in (False, True)]  # float32
+    net, packed = torch.nn.Sequential(*layers, *frozen, torch.nn.Linear(96, 8)), {}  # the last: trainable
+    fp32 = PACKED[torch.float32][0]()  # MKL's kernel in this torch
     for x in (torch.randn(1, 64), torch.randn(300, 64), torch.randn(2, 5, 64)):
         for layer in layers:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -227,22 +229,28 @@ def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
                 got = layer(x)
             assert torch.equal(got, want) and got.dtype == torch.bfloat16
         h = torch.randn(*x.shape[:-1], 96)
-        want = frozen(h)
+        for layer in frozen:
+            want = layer(h)
+            with packed_linears(net, packed):
+                assert ("forward" in vars(layer)) == fp32  # on the packed copy
+                got = layer(h)
+            assert got.shape == want.shape and got.dtype == torch.float32
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                want = layer(h)
+                with packed_linears(net, packed):  # entered under autocast: float32 left to autocast
+                    assert "forward" not in vars(layer) and torch.equal(layer(h), want)
+    assert len(packed) == 2 + 2 * fp32 and all("forward" not in vars(m) for m in net)
+    if fp32:
+        kept = packed[id(frozen[0])][2]
         with packed_linears(net, packed):
-            got = frozen(h)
-            assert "forward" in vars(frozen)  # on the packed copy
-        assert got.shape == want.shape and got.dtype == torch.float32
-        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-    assert len(packed) == 3 and all("forward" not in vars(m) for m in net)
-    kept = packed[id(frozen)][2]
-    with packed_linears(net, packed):
-        assert packed[id(frozen)][2] is kept  # the weight unchanged: not packed again
-    with torch.no_grad():
-        frozen.weight.mul_(2)  # changed in place: packed again
-    with packed_linears(net, packed):
-        got = frozen(h)
-    assert packed[id(frozen)][2] is not kept and len(packed) == 3
-    assert (got - frozen(h)).abs().max() <= 1e-5 * got.abs().max()
+            assert packed[id(frozen[0])][2] is kept  # the weight unchanged: not packed again
+        with torch.no_grad():
+            frozen[0].weight.mul_(2)  # changed in place: packed again
+        with packed_linears(net, packed):
+            got = frozen[0](h)
+        assert packed[id(frozen[0])][2] is not kept and len(packed) == 4
+        assert (got - frozen[0](h)).abs().max() <= 1e-5 * got.abs().max()
     model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, seed=1, dtype="bf16")
     prompts = [generation_prompt_ids(tok, [{"role": "user", "content": t}]) for t in ("a mug", "a mug on a table")]
     config = rollout.sampling_config(tok, model, 24)

@@ -42,7 +42,8 @@ blocked), a round's decode step being the difference over --new-tokens; after a 
 take turns, the order rotated each round, each call from the same seed; prints each way's medians, the
 after / before ratios, and whether every round sampled what the plain generate and the before way did
 (in bf16 after = before exactly, and the shared prefixes round otherwise than the plain generate, so those
-two may part after a few tokens; in float32 the packed products round otherwise below 16 rows). Use --repeats 3 (or a multiple) to give each way each place equally.
+two may part after a few tokens; in float32 after's packed products may round otherwise than before's).
+Use --repeats 3 (or a multiple) to give each way each place equally.
 
 Run: python -m tools.bench --model tiny
      python -m tools.bench --model smollm2 --episodes 8 --steps 4 --new-tokens 64     (the CPU demo's sizes)
@@ -383,7 +384,7 @@ def demo_decode(env: str, repeats: int, new_tokens: int) -> dict:
                 samples[way].append(sampled)
     med = {w: {"prefill_s": statistics.median(prefill[w]), "calls_s": statistics.median(whole[w]),
                "decode_step_ms": statistics.median(step[w])} for w in ways}
-    for w in ways:  # every round's samples; in bf16 the shared prefixes round otherwise than the plain generate
+    for w in ways:  # every round's samples; rounding may part them (the module's docstring)
         med[w]["same_samples_as_plain"] = samples[w] == samples["plain"]
         med[w]["same_samples_as_before"] = samples[w] == samples["before"]
     out = {"env": env, "repeats": repeats, "new_tokens": new_tokens, "calls": len(calls),
