@@ -235,6 +235,7 @@ def test_the_run_says_what_auto_chose_and_a_resumed_run_keeps_its_precision(tmp_
               "fp32_s": 1.0, "repeats": 5, "work": "a decoder layer's forward + backward, 512 tokens",
               "measured": "now", "cached": False, "settled": True, "not_kept": None}
     monkeypatch.setattr(precision, "measured_cpu_dtype", lambda model, once=None: record)
+    monkeypatch.setattr(precision, "bf16_kernels", lambda: True)  # a CPU with them, whatever this one is
     args = train.parse_args(["--preset", "cpu-demo", "--output-dir", str(tmp_path / "demo")])
     assert args.dtype == "bf16"
     assert "--dtype auto: bf16, 0.81x float32's time on this CPU" in describe(args)
@@ -242,6 +243,20 @@ def test_the_run_says_what_auto_chose_and_a_resumed_run_keeps_its_precision(tmp_
     monkeypatch.setattr(precision, "measured_cpu_dtype", lambda model, once=None: {
         **record, "dtype": "fp32", "ratio": 1.3, "low": 1.2, "high": 1.4, "cached": True})
     assert train.parse_args(["--resume", str(run), "--iterations", "2"]).dtype == "bf16"
+
+
+def test_a_cpu_without_bf16_kernels_runs_float32_unmeasured(monkeypatch):
+    """Where torch has no bf16 kernels for the CPU (an AVX2-only one), --dtype auto is float32 at once: nothing
+    is timed (a 7B layer's bf16 repeats took minutes there) and the run's line says why."""
+    def timed(*args, **kwargs):
+        raise AssertionError("measured on a CPU without bf16 kernels")
+
+    monkeypatch.setattr(precision, "measured_cpu_dtype", timed)
+    monkeypatch.setattr(precision, "bf16_kernels", lambda: False)
+    for model in ("smollm2", "Qwen/Qwen2.5-7B-Instruct"):
+        assert precision.resolve_dtype("auto", "cpu", model) == "fp32"
+        assert "float32: torch has no bf16 kernels for this CPU" in precision.auto_choice_line(model)
+    assert precision.resolve_dtype("bf16", "cpu", "smollm2") == "bf16"  # asked for: as given
 
 
 # the cache shared by processes: a lock, a fresh read
