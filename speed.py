@@ -36,7 +36,6 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicLayer
 
-from infra.precision import bf16_kernels
 from rollout import autocast, cache_keyword, decode, left_padded
 from segments import Row, Rows, length_batches, shared_prefix_len
 
@@ -516,7 +515,8 @@ def _packed_fp32(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
 
 
 PACKED = {  # a weight's dtype -> (whether torch can pack it here and now, how it is packed, the forward)
-    torch.bfloat16: (bf16_kernels,  # oneDNN's, for this CPU: none on an AVX2-only one
+    torch.bfloat16: (lambda: (torch.backends.mkldnn.is_available()
+                              and torch.ops.mkldnn._is_mkldnn_bf16_supported()),  # none on an AVX2-only CPU
                      lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
     torch.float32: (lambda: (torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
                              and not torch.is_autocast_enabled("cpu")),  # torch's MKL op is built with oneDNN's
