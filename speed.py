@@ -478,21 +478,23 @@ def packed_linears(model, packed: dict):
     while the weight is the same tensor, not changed in place). Unpacked, the kernel lays the weight out
     again at every call, a copy as large as the weight, and a decode step's few rows do not pay for it
     (tools/decode_floor.py times the step; docs/scaling.md has the figures).
-      bf16     oneDNN's blocked layout: the same numbers as the bf16 linear autocast runs.
-      float32  MKL's packed product: torch's float32 linear to float rounding (docs/scaling.md says where
-               it is bit for bit). Not under bf16 autocast, whose linear would compute in bf16.
+    Both dtypes take oneDNN's blocked layout and product:
+      bf16     the same numbers as the bf16 linear autocast runs.
+      float32  torch's float32 linear to float rounding. Not under bf16 autocast, whose linear would
+               compute in bf16. (MKL's packed product, used before, was 2-3x slower at a decode step's
+               rows on an AVX2-only EPYC: docs/scaling.md.)
     tests/test_rollout_speed.py checks both. Where torch lacks the kernel (PACKED), a linear is left as it is."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
-               and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype][0]()]
+               and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype]()]
     if not linears:
         yield
         return
     for m in linears:
-        _, pack, forward = PACKED[m.weight.dtype]
         held = packed.get(id(m))
         if held is None or held[0] is not m.weight or held[1] != m.weight._version:  # new, replaced or changed
-            packed[id(m)] = (m.weight, m.weight._version, pack(m.weight.detach()))
-        m.forward = functools.partial(forward, packed=packed[id(m)][2], weight=m.weight, bias=m.bias)
+            pack = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 16)  # 16 rows: a hint (_packed)
+            packed[id(m)] = (m.weight, m.weight._version, pack)
+        m.forward = functools.partial(_packed, packed=packed[id(m)][2], weight=m.weight, bias=m.bias)
     try:
         yield
     finally:
@@ -500,28 +502,17 @@ def packed_linears(model, packed: dict):
             del m.forward  # the class's own again
 
 
-def _packed_bf16(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-    """nn.Linear's forward on a weight packed for oneDNN: the input in bf16, as autocast gives it."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
+def _packed(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """nn.Linear's forward on a weight packed for oneDNN: the input in the weight's dtype (bf16 as autocast
+    gives it; float32 as it comes). The pack is made for 16 rows (a hint); calls of any size use it."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), packed, bias, "none", [], "")
 
 
-def _packed_fp32(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-    """nn.Linear's forward on a weight packed for MKL. The last argument, the rows the op is told the pack was
-    made for, is the call's own, so that the op takes the pack (else the unpacked weight): a pack made for 16
-    rows gave torch's numbers to 7.5e-7 of the largest at 1 to 777 rows, for each of SmolLM2's shapes."""
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.numel() // x.shape[-1])
-
-
-PACKED = {  # a weight's dtype -> (whether torch can pack it here and now, how it is packed, the forward)
-    torch.bfloat16: (lambda: (torch.backends.mkldnn.is_available()
-                              and torch.ops.mkldnn._is_mkldnn_bf16_supported()),  # none on an AVX2-only CPU
-                     lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 16), _packed_bf16),
-    torch.float32: (lambda: (torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
-                             and not torch.is_autocast_enabled("cpu")),  # torch's MKL op is built with oneDNN's
-                    lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 16), _packed_fp32),
-}  # 16: the rows a pack is made for (a hint: calls of other sizes use the same pack)
+PACKED = {  # a weight's dtype -> whether torch can pack it here and now (oneDNN's kernels for that dtype)
+    torch.bfloat16: lambda: (torch.backends.mkldnn.is_available()
+                             and torch.ops.mkldnn._is_mkldnn_bf16_supported()),  # none on an AVX2-only CPU
+    torch.float32: lambda: torch.backends.mkldnn.is_available() and not torch.is_autocast_enabled("cpu"),
+}
 
 
 def keep_freed_memory() -> None:

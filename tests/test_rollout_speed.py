@@ -209,8 +209,8 @@ def test_in_place_decoding_samples_the_same_numbers_in_bf16():
 
 def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
     """speed.packed_linears: inside, a frozen bf16 linear (bias or not, 2-D or 3-D input, one row or a prefill's
-    hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one (where torch has MKL's
-    kernel; not under bf16 autocast) what torch's float32 linear gives to float rounding, and a bf16 generate
+    hundreds) gives exactly what autocast's bf16 linear gives, a frozen float32 one (where torch has oneDNN;
+    not under bf16 autocast) what torch's float32 linear gives to float rounding, and a bf16 generate
     samples exactly the same tokens; outside, every module computes as before, and the packed copies are made
     once and kept until a weight changes. Trainable linears, the LoRA's, are not packed. (A float32 generate,
     packed, beside the plain one: test_the_cached_prefill_samples_what_the_plain_one_does.)"""
@@ -220,8 +220,8 @@ def test_packed_linears_compute_the_same_numbers_and_leave_nothing_behind():
     layers = [torch.nn.Linear(64, 96, bias=bias).to(torch.bfloat16).requires_grad_(False) for bias in (False, True)]
     frozen = [torch.nn.Linear(96, 96, bias=bias).requires_grad_(False) for bias in (False, True)]  # float32
     net, packed = torch.nn.Sequential(*layers, *frozen, torch.nn.Linear(96, 8)), {}  # the last: trainable
-    fp32 = PACKED[torch.float32][0]()  # MKL's kernel in this torch
-    bf16 = PACKED[torch.bfloat16][0]()  # oneDNN's bf16 kernels on this CPU (not with AVX2 only)
+    fp32 = PACKED[torch.float32]()  # oneDNN in this torch
+    bf16 = PACKED[torch.bfloat16]()  # oneDNN's bf16 kernels on this CPU (not with AVX2 only)
     for x in (torch.randn(1, 64), torch.randn(300, 64), torch.randn(2, 5, 64)):
         for layer in layers:
             with torch.autocast("cpu", dtype=torch.bfloat16):
