@@ -520,18 +520,17 @@ def keep_freed_memory() -> None:
     decode step frees and allocates blocks of a few MiB, which glibc hands back to the system above 128 KiB
     and the process then faults in again, page by page (cpu-watch: 10 million minor faults, 53 s of system
     time). Blocks up to 32 MiB now come from the heap, and its freed top is kept up to 1 GiB (mallopt's
-    M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): the demo's minor faults fell 3x. glibc maps a block over 32 MiB
-    whatever the threshold (most of cpu-watch's 17.7 million faults came back, in bf16: copies to float32 such
-    as a bf16 head's, 113 MiB for SmolLM2, at each log-prob pass), so the main thread's blocks never come from mmap (M_MMAP_MAX 0): the
-    demo's faults fell 3x again (docs/scaling.md). Process-wide; no number changes; a no-op where there is
-    no glibc."""
+    M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): the demo's minor faults fell 3x. Above 32 MiB glibc maps a block
+    whatever that threshold says, and bf16 runs make such blocks at each log-prob pass (a bf16 head's float32
+    copy, 113 MiB for SmolLM2), so the main thread's blocks never come from mmap (M_MMAP_MAX 0): the bf16
+    demo's faults fell 3x again (docs/scaling.md). Process-wide; no number changes; a no-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
     libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD
     libc.mallopt(-1, 2**30)  # M_TRIM_THRESHOLD
-    libc.mallopt(-4, 0)  # M_MMAP_MAX (other threads' arenas still map what their heaps cannot hold)
+    libc.mallopt(-4, 0)  # M_MMAP_MAX (other threads' arenas map what their heaps cannot hold)
 
 
 # ----------------------------------------------------------------------------- decoding: no step copies what it need not
