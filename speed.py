@@ -481,8 +481,8 @@ def packed_linears(model, packed: dict):
     Both dtypes take oneDNN's blocked layout and product:
       bf16     the same numbers as the bf16 linear autocast runs.
       float32  torch's float32 linear to float rounding. Not under bf16 autocast, whose linear would
-               compute in bf16. (MKL's packed product, used before, was 2-3x slower at a decode step's
-               rows on an AVX2-only EPYC: docs/scaling.md.)
+               compute in bf16. (MKL's packed product, used before, took 1.7-2.8x as long for the head
+               at a decode step's rows on an AVX512-BF16 EPYC: docs/scaling.md.)
     tests/test_rollout_speed.py checks both. Where torch lacks the kernel (PACKED), a linear is left as it is."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"
                and not m.weight.requires_grad and m.weight.dtype in PACKED and PACKED[m.weight.dtype]()]
@@ -522,7 +522,7 @@ def keep_freed_memory() -> None:
     time). Blocks up to 32 MiB now come from the heap, and its freed top is kept up to 1 GiB (mallopt's
     M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): the demo's minor faults fell 3x. Above 32 MiB glibc maps a block
     whatever that threshold says, and bf16 runs make such blocks at each log-prob pass (a bf16 head's float32
-    copy, 113 MiB for SmolLM2), so the main thread's blocks never come from mmap (M_MMAP_MAX 0): the bf16
+    copy, 108 MiB for SmolLM2), so the main thread's blocks never come from mmap (M_MMAP_MAX 0): the bf16
     demo's faults fell 3x again (docs/scaling.md). Process-wide; no number changes; a no-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
