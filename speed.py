@@ -504,7 +504,7 @@ def packed_linears(model, packed: dict):
 
 def _packed(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """nn.Linear's forward on a weight packed for oneDNN: the input in the weight's dtype (bf16 as autocast
-    gives it; float32 as it comes). The pack is made for 16 rows (a hint); calls of any size use it."""
+    gives it; float32 as it comes). Calls of any row count use the one pack (its row count is a hint)."""
     return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), packed, bias, "none", [], "")
 
 
