@@ -69,6 +69,27 @@ def _serve(conn, env_class: type, kwargs: dict) -> None:
 
 
 @contextlib.contextmanager
+def main_script_left_out(env_class: type):
+    """While a worker starts: the parent's main script hidden from spawn, which would otherwise run it
+    again in the new process (as `__mp_main__`), to find what it defines. A worker needs only
+    envs/, and train.py's imports (torch, transformers, peft) took ~5 s of a core in each worker
+    while the parent loaded its model on the same 2 cores. Kept when the env class itself is defined
+    in the main script (the worker must import it from there)."""
+    main = sys.modules["__main__"]
+    if env_class.__module__ == "__main__":
+        yield
+        return
+    hidden = {name: main.__dict__.get(name) for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield  # spawn finds neither a path nor a module name for the main script: it imports nothing of it
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(hidden)
+
+
+@contextlib.contextmanager
 def beating(send):
     """Send ("beat", None) every HEARTBEAT_S seconds while the block works (never while idle: a
     parent busy elsewhere for hours would find the pipe full of beats)."""
@@ -141,7 +162,8 @@ class WorkerEnv(Env):
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # the worker inherits "ignore":
         try:  # Ctrl-C reaches the whole process group, but stopping is the parent's to do (it closes the workers)
-            proc.start()
+            with main_script_left_out(self._env_class):
+                proc.start()
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)

@@ -2,6 +2,8 @@
 a dead worker ends its episodes as failures and is replaced, --env-workers 1 is today's path."""
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -154,3 +156,28 @@ def test_a_frozen_worker_counts_as_crashed_within_its_timeout():
         assert env.crashes == 1 and env._procs[0].is_alive()  # a fresh worker in its place
     finally:
         env.close()
+
+
+def test_a_worker_does_not_run_the_parents_main_script_again(tmp_path):
+    """spawn would run the parent's main script again in each worker (train.py's: torch, transformers,
+    peft, ~5 s of a core each); the workers start without it, and still play."""
+    ran = tmp_path / "ran"
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(ran)!r}, 'a').write(f'{{os.getpid()}}\\n')  # at import: once per process that runs it\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        "if __name__ == '__main__':\n"
+        "    from envs.alfworld import AlfWorldEnv\n"
+        "    from envs.workers import WorkerEnv\n"
+        "    env = WorkerEnv(AlfWorldEnv, 2, max_steps=3)\n"
+        "    try:\n"
+        "        task = env.tasks('train')[0]\n"
+        "        assert all(not s.done for s in env.reset([task, task]))\n"
+        "        assert __file__ and __spec__ is None  # the parent's main module as it was\n"
+        "    finally:\n"
+        "        env.close()\n"
+        "    print('played by the workers of', os.getpid())\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "played" in done.stdout, done.stderr
+    assert ran.read_text().split() == [done.stdout.split()[-1]]  # the parent's import, no worker's
