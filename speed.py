@@ -8,7 +8,8 @@ two agree to 1e-5 in float32). What is done here for speed and memory:
   - the student's and its teacher's rows share a prefix (segments.shared_prefix_len: the student's
     context, and in ChatML the next turn's opening token): one decoder pass over the student rows
     keeps its KV cache, and the teacher rows continue from it, computing only their tail (the rest of
-    the block's turn, the header and the response);
+    the block's turn, the header and the response); student rows with the same context (a group's
+    first step) have it computed once, the others continuing from that cache too;
   - the layers below the first one the update trains (--lora-layers) never change: the student pass
     keeps each row's input to that layer, and the update's passes (and the KL's reference) start
     there, computing only the layers it trains (`kept_input`);
@@ -121,8 +122,11 @@ class FastPath:
         decoder pass over the student rows, laid out so that every shared prefix ends at the same
         column Lc (left padding before it; the rest of the row, then right padding, after it), keeps
         its KV cache; the teacher rows continue from that cache cut back to Lc: only their block,
-        header and response are computed. Position ids count real tokens, so left padding moves
-        nothing. `taught` must lie within `student` (the teacher reads the student pass's cache).
+        header and response are computed. Student rows with the same context (a group's first step:
+        its episodes start from one prompt) have it computed once: the pass runs over the first of
+        them, the others continue from its cache as the teacher rows do (_tails). Position ids count
+        real tokens, so left padding moves nothing. `taught` must lie within `student` (the teacher
+        reads the student pass's cache).
         """
         watch = watch or (lambda name: contextlib.nullcontext())
         if bool((taught & ~student).any()):
@@ -136,36 +140,56 @@ class FastPath:
         self.kept_layer = first = first_trained_layer(model)  # 0: every layer trains, nothing to keep
         with torch.no_grad(), autocast(model):
             for part in tqdm(length_batches(picked, rows, self.micro_batch_rows), desc=desc, unit="batch", leave=False):
+                mine = [rows[b] for b in part]  # the micro-batch's student rows
                 shared = [shared_prefix_len(rows[b], teacher_rows[b]) if taught[b] else rows[b].num_prompt - 1
                           for b in part]
+                contexts = [row.input_ids[:n] for row, n in zip(mine, shared)]
+                source = [contexts.index(c) for c in contexts]  # the micro-batch's first row with the same context
+                firsts = [j for j, s in enumerate(source) if s == j]  # the rows whose pass computes their context
+                copies = [j for j, s in enumerate(source) if s != j]  # the others (a group's first step: one prompt)
                 Lc = max(shared)
-                Ls = max(len(rows[b].input_ids) - n for b, n in zip(part, shared))
-                ids = torch.full((len(part), Lc + Ls), self.pad_id, dtype=torch.long)  # (b, Lc + Ls)
-                mask = torch.zeros_like(ids)  # (b, Lc + Ls) 1 = real token
-                for j, (b, n) in enumerate(zip(part, shared)):
-                    row = rows[b].input_ids
-                    ids[j, Lc - n : Lc + len(row) - n], mask[j, Lc - n : Lc + len(row) - n] = torch.tensor(row), 1
+                Ls = max(len(mine[j].input_ids) - shared[j] for j in firsts)
+                ids = torch.full((len(firsts), Lc + Ls), self.pad_id, dtype=torch.long)  # (u, Lc + Ls)
+                mask = torch.zeros_like(ids)  # (u, Lc + Ls) 1 = real token
+                for i, j in enumerate(firsts):
+                    row, n = mine[j].input_ids, shared[j]
+                    ids[i, Lc - n : Lc - n + len(row)], mask[i, Lc - n : Lc - n + len(row)] = torch.tensor(row), 1
                 with watch("student"):
                     ids, mask = ids.to(device), mask.to(device)
-                    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, Lc + Ls) real tokens before each
+                    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (u, Lc + Ls) real tokens before each
                     with inputs_to(decoder.layers[first] if first else None) as seen:
                         out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                      use_cache=True)  # (b, Lc + Ls, H) and the KV cache
+                                      use_cache=True)  # (u, Lc + Ls, H) and the KV cache
                     if seen:  # each row's real tokens, as they enter the first trained layer
-                        for j, (b, n) in enumerate(zip(part, shared)):
-                            self.keep(rows[b], seen[0][j, Lc - n : Lc + len(rows[b].input_ids) - n])
-                    start = torch.tensor([Lc + rows[b].num_prompt - n for b, n in zip(part, shared)],
-                                         device=device)  # (b,)
-                    length = torch.tensor([len(rows[b].response_ids) for b in part], device=device)  # (b,)
-                    h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (b, t, H)
-                    logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (b, t)
-                    logp_student[part, : logp.shape[1]] = logp
+                        for i, j in enumerate(firsts):
+                            self.keep(mine[j], seen[0][i, Lc - shared[j] : Lc - shared[j] + len(mine[j].input_ids)])
+                    start = torch.tensor([Lc - shared[j] + mine[j].num_prompt for j in firsts], device=device)  # (u,)
+                    length = torch.tensor([len(mine[j].response_ids) for j in firsts], device=device)  # (u,)
+                    h, targets = response_states(out.last_hidden_state, ids, start, int(length.max()))  # (u, t, H)
+                    logp = head_logprobs(model, h, targets, length, temperature).cpu()  # (u, t)
+                    logp_student[[part[j] for j in firsts], : logp.shape[1]] = logp
+                    cache = out[cache_keyword(model)]
+                    cache.crop(-Ls)  # back to the contexts (a negative count removes tokens, in every version)
+                    held = [(layer.keys, layer.values) for layer in cache.layers]  # (u, heads, Lc, D) each
+                    if copies:  # only the rest of each row: the turn's header and the response
+                        reads = [firsts.index(source[j]) for j in copies]
+                        logp, tails = _tails(model, cache, mask[:, :Lc], reads, [mine[j] for j in copies],
+                                             [shared[j] for j in copies], self.pad_id, temperature, T, first)
+                        logp_student[[part[j] for j in copies]] = logp
+                        for i, (j, u) in enumerate(zip(copies, reads)):  # the context's inputs, from its first row's
+                            n = shared[j]  # pass, then the tail's
+                            if seen:
+                                self.keep(mine[j], torch.cat([seen[0][u, Lc - n : Lc],
+                                                              tails[i, : len(mine[j].input_ids) - n]]))
                 keep = [j for j, b in enumerate(part) if taught[b]]
                 if keep:
                     with watch("teacher"):
-                        logp_teacher[[part[j] for j in keep]] = _teacher_tails(
-                            model, out[cache_keyword(model)], mask[:, :Lc], keep, [teacher_rows[b] for b in part],
-                            shared, length, self.pad_id, temperature, T, Ls)
+                        for layer, (keys, values) in zip(cache.layers, held):  # the contexts alone again
+                            layer.keys, layer.values = keys, values
+                        logp, _ = _tails(model, cache, mask[:, :Lc], [firsts.index(source[j]) for j in keep],
+                                         [teacher_rows[part[j]] for j in keep], [shared[j] for j in keep], self.pad_id,
+                                         temperature, T)
+                        logp_teacher[[part[j] for j in keep]] = logp
         return logp_student, logp_teacher
 
 
@@ -334,31 +358,34 @@ def layers_from(decoder, first: int):
             decoder.config.layer_types = types
 
 
-def _teacher_tails(model, cache, ctx_mask, keep: list[int], teacher_rows: list[Row], shared: list[int],
-                   length: torch.Tensor, pad_id: int, temperature: float, T: int, Ls: int) -> torch.Tensor:
-    """The teacher rows `keep` of one micro-batch, continued from its student pass's cache (Lc + Ls
-    positions; ctx_mask (b, Lc): the shared contexts' real tokens): only block, header and
-    response are computed. Returns (k, T) response log-probs."""
+def _tails(model, cache, ctx_mask, sources: list[int], rows: list[Row], shared: list[int], pad_id: int,
+           temperature: float, T: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows continued from the contexts of one micro-batch's student pass (cache: their KV, cut back to the
+    Lc context columns; ctx_mask (u, Lc): their real tokens): row i reads context sources[i], whose real
+    tokens are its own first shared[i] ids, and only its tail is computed: a teacher row's block, header and
+    response; a student row's header and response where an earlier row's pass computed their context.
+    Returns ((k, T) response log-probs, each tail's input to layer `first` (k, Lt, H); None if first is 0)."""
     device = ctx_mask.device
-    cache.crop(-Ls)  # back to the shared contexts (a negative count removes tokens, in every version)
-    cache.batch_select_indices(torch.tensor(keep, device=device))  # the taught rows only
-    tails = [teacher_rows[j].input_ids[shared[j] :] for j in keep]  # block, header, response
+    cache.batch_select_indices(torch.tensor(sources, device=device))  # a context for each row, repeated as needed
+    tails = [row.input_ids[n:] for row, n in zip(rows, shared)]
     Lt = max(len(t) for t in tails)
-    tail_ids = torch.full((len(keep), Lt), pad_id, dtype=torch.long)  # (k, Lt) right-padded
+    tail_ids = torch.full((len(rows), Lt), pad_id, dtype=torch.long)  # (k, Lt) right-padded
     tail_mask = torch.zeros_like(tail_ids)  # (k, Lt) 1 = real token
     for i, t in enumerate(tails):
         tail_ids[i, : len(t)], tail_mask[i, : len(t)] = torch.tensor(t), 1
     tail_ids, tail_mask = tail_ids.to(device), tail_mask.to(device)
-    n_ctx = torch.tensor([shared[j] for j in keep], device=device)  # (k,) real context tokens before each tail
-    out = model.get_decoder()(
-        input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[keep], tail_mask], dim=1),  # (k, Lc + Lt)
-        position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
-        use_cache=True, **{cache_keyword(model): cache})  # (k, Lt, H)
-    start = torch.tensor([teacher_rows[j].num_prompt - shared[j] for j in keep], device=device)  # (k,)
-    t_len = length[keep]  # (k,) the same responses as the student rows
+    n_ctx = torch.tensor(shared, device=device)  # (k,) real context tokens before each tail
+    decoder = model.get_decoder()
+    with inputs_to(decoder.layers[first] if first else None) as seen:
+        out = decoder(
+            input_ids=tail_ids, attention_mask=torch.cat([ctx_mask[sources], tail_mask], dim=1),  # (k, Lc + Lt)
+            position_ids=n_ctx[:, None] + torch.arange(Lt, device=device)[None, :],  # (k, Lt) after the context
+            use_cache=True, **{cache_keyword(model): cache})  # (k, Lt, H)
+    start = torch.tensor([row.num_prompt - n for row, n in zip(rows, shared)], device=device)  # (k,)
+    t_len = torch.tensor([len(row.response_ids) for row in rows], device=device)  # (k,)
     h, targets = response_states(out.last_hidden_state, tail_ids, start, int(t_len.max()))  # (k, t, H), (k, t)
     logp = head_logprobs(model, h, targets, t_len, temperature).cpu()  # (k, t)
-    return torch.nn.functional.pad(logp, (0, T - logp.shape[1]))  # (k, T)
+    return torch.nn.functional.pad(logp, (0, T - logp.shape[1])), (seen[0] if seen else None)  # (k, T)
 
 
 # ----------------------------------------------------------------------------- rollouts: shared prefixes prefilled once
@@ -518,12 +545,12 @@ PACKED = {  # a weight's dtype -> whether torch can pack it here and now (oneDNN
 def keep_freed_memory() -> None:
     """[speed] glibc's allocator (Linux) made to keep the memory a CPU run frees for its next allocation: a
     decode step frees and allocates blocks of a few MiB, which glibc hands back to the system above 128 KiB
-    and the process then faults in again, page by page (cpu-watch: 10 million minor faults, 53 s of system
-    time). Blocks up to 32 MiB now come from the heap, and its freed top is kept up to 1 GiB (mallopt's
-    M_MMAP_THRESHOLD, M_TRIM_THRESHOLD): the demo's minor faults fell 3x. Above 32 MiB glibc maps a block
-    whatever that threshold says, and bf16 runs make such blocks at each log-prob pass (a bf16 head's float32
-    copy, 108 MiB for SmolLM2), so the main thread's blocks never come from mmap (M_MMAP_MAX 0): the bf16
-    demo's faults fell 3x again (docs/scaling.md). Process-wide; no number changes; a no-op without glibc."""
+    and the process then faults in again, page by page. Blocks up to 32 MiB now come from the heap, and its
+    freed top is kept up to 1 GiB (mallopt's M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). Above 32 MiB glibc maps
+    a block whatever that threshold says, and bf16 runs make such blocks at each log-prob pass (a bf16
+    head's float32 copy, 108 MiB for SmolLM2), so the main thread's blocks never come from mmap
+    (M_MMAP_MAX 0). Each step's faults and system time before and after: docs/scaling.md. Process-wide;
+    no number changes; a no-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -154,6 +154,48 @@ def test_plain_and_fast_logprobs_are_equal():
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4) for n in grads[0])
 
 
+def test_student_rows_with_one_context_compute_it_once():
+    """A group's first step: its episodes' rows share their context. In one micro-batch, three taught rows
+    with one context, one with another, and two untaught rows with a third (an untaught row's context runs
+    to its prompt's last token): the pass over the contexts runs on 3 rows, not 6, and every student and
+    teacher log-prob, and every input kept for the update at the first trained layer, equals what a row
+    alone gives (float32, 1e-5)."""
+    model, tok = load_policy("tiny", lora_r=4, lora_alpha=8, lora_layers=1, seed=3)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.eval()
+    contexts = [CONTEXTS[0]] * 3 + [CONTEXTS[1]] + [CONTEXTS[2]] * 2
+    responses = RESPONSES + [RESPONSES[0], RESPONSES[1], RESPONSES[2]]
+    blocks = BLOCKS + [BLOCKS[0], None, None]
+    ids = [tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in responses]
+    rows = [build_row(tok, m, r) for m, r in zip(contexts, ids)]
+    teacher_rows = [None if h is None else build_teacher_row(tok, m, r, h) for m, r, h in zip(contexts, ids, blocks)]
+    batch, student = as_rows(rows, teacher_rows), torch.ones(6, dtype=torch.bool)
+    taught = torch.tensor([True, True, True, True, False, False])
+    sizes = []  # the batch of each call into the decoder's first layer
+    hook = model.get_decoder().layers[0].register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[0]))
+    try:
+        together = FastPath(tok.pad_token_id, micro_batch_rows=6)
+        fast_s, fast_t = together.student_teacher_logprobs(model, rows=batch, student=student, taught=taught)
+    finally:
+        hook.remove()
+    assert sizes == [3, 3, 4]  # the contexts; the other rows' tails; the teacher rows' tails
+    alone = FastPath(tok.pad_token_id, micro_batch_rows=1)
+    alone_s, alone_t = alone.student_teacher_logprobs(model, rows=batch, student=student, taught=taught)
+    plain_s, plain_t = rollout.student_teacher_logprobs(model, rows=batch, student=student, taught=taught)
+    for got, want in ((fast_s, plain_s), (fast_t, plain_t), (alone_s, plain_s), (alone_t, plain_t)):
+        assert (got - want).abs().max() < 1e-5, (got - want).abs().max()
+    assert (plain_s != 0).sum() == sum(len(r.response_ids) for r in rows) and plain_t[4:].abs().sum() == 0
+    assert (plain_s[0] - plain_s[1]).abs().max() > 1e-3  # one context, other responses: the test can fail
+    assert set(together.kept) == set(alone.kept) == {id(r) for r in rows}
+    for r in rows:
+        kept, single = together.kept[id(r)][1], alone.kept[id(r)][1]
+        assert kept.shape == single.shape == (len(r.input_ids), kept.shape[-1])
+        assert torch.allclose(kept, single, atol=1e-5, rtol=0), (kept - single).abs().max()
+
+
 def test_the_plain_path_trains_as_the_fast_one(tmp_path):
     """One tiny iteration with --plain: the same episodes (the rollout does not depend on the path),
     the same gaps and multipliers to 1e-5, and the same update to float rounding (Adam's first steps
