@@ -1,4 +1,4 @@
-"""[speed] The fast versions of rollout.py's log-prob passes: the same numbers, computed faster.
+"""[speed] The fast versions of rollout.py's log-prob passes: the same numbers to float rounding, faster.
 
 A reader of the method may skip this file: rollout.py computes the same log-probs plainly, one
 forward per row (`python train.py --plain` runs only that path; tests/test_logprobs.py checks the

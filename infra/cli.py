@@ -83,7 +83,7 @@ def run(main) -> None:
     train.py) and 130, 143, 129, 141 or 74."""
     catch_sigterm()
     gc.freeze()  # the imports' ~400,000 objects (train.py's) left out of every later full collection
-    # (0.2 s each) and out of the one at exit (the CPU demo ended 1 s sooner); they live to the end anyway
+    # (0.19 s each) and out of the one at exit (docs/scaling.md); they live to the end anyway
     streams = sys.stdout, sys.stderr
     for name in ("stdout", "stderr"):  # a stream closed at start (`>&-`) is None: its lines go nowhere
         if getattr(sys, name) is None:
