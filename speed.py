@@ -147,6 +147,7 @@ class FastPath:
                 source = [contexts.index(c) for c in contexts]  # the micro-batch's first row with the same context
                 firsts = [j for j, s in enumerate(source) if s == j]  # the rows whose pass computes their context
                 copies = [j for j, s in enumerate(source) if s != j]  # the others (a group's first step: one prompt)
+                place = {j: i for i, j in enumerate(firsts)}  # a first row -> its row of the pass and of the cache
                 Lc = max(shared)
                 Ls = max(len(mine[j].input_ids) - shared[j] for j in firsts)
                 ids = torch.full((len(firsts), Lc + Ls), self.pad_id, dtype=torch.long)  # (u, Lc + Ls)
@@ -172,13 +173,13 @@ class FastPath:
                     cache.crop(-Ls)  # back to the contexts (a negative count removes tokens, in every version)
                     held = [(layer.keys, layer.values) for layer in cache.layers]  # (u, heads, Lc, D) each
                     if copies:  # only the rest of each row: the turn's header and the response
-                        reads = [firsts.index(source[j]) for j in copies]
+                        reads = [place[source[j]] for j in copies]
                         logp, tails = _tails(model, cache, mask[:, :Lc], reads, [mine[j] for j in copies],
                                              [shared[j] for j in copies], self.pad_id, temperature, T, first)
                         logp_student[[part[j] for j in copies]] = logp
-                        for i, (j, u) in enumerate(zip(copies, reads)):  # the context's inputs, from its first row's
-                            n = shared[j]  # pass, then the tail's
-                            if seen:
+                        if seen:  # the context's inputs, from its first row's pass, then the tail's
+                            for i, (j, u) in enumerate(zip(copies, reads)):
+                                n = shared[j]
                                 self.keep(mine[j], torch.cat([seen[0][u, Lc - n : Lc],
                                                               tails[i, : len(mine[j].input_ids) - n]]))
                 keep = [j for j, b in enumerate(part) if taught[b]]
@@ -186,7 +187,7 @@ class FastPath:
                     with watch("teacher"):
                         for layer, (keys, values) in zip(cache.layers, held):  # the contexts alone again
                             layer.keys, layer.values = keys, values
-                        logp, _ = _tails(model, cache, mask[:, :Lc], [firsts.index(source[j]) for j in keep],
+                        logp, _ = _tails(model, cache, mask[:, :Lc], [place[source[j]] for j in keep],
                                          [teacher_rows[part[j]] for j in keep], [shared[j] for j in keep], self.pad_id,
                                          temperature, T)
                         logp_teacher[[part[j] for j in keep]] = logp
