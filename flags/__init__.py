@@ -217,10 +217,10 @@ PRESET_CHANGES = {
                          "loss; a sixth turn costs about a sixth of the rollout"),
         "temperature": (0.6, "at temperature 1 the warm start wins only the one 3-step game; at 0.6 it wins some "
                              "of the others"),
-        "iterations": (8, "9m48s (seed 0) on a 2-core Xeon without AMX (float32; results/watch-xeon); 9m05s on a "
-                          "2-core AMD EPYC without AMX before the rollouts' own sampler (bf16; results/watch-epyc); "
-                          "22m05s (seed 0) on a 2-core EPYC with AVX2 only (float32; results/decode-floor); each "
-                          "seed of results/watch-xeon, watch-cpu and watch-epyc ended higher than it began"),
+        "iterations": (8, "7m44s (seed 0) on a 2-core AMD EPYC without AMX (bf16; results/watch-epyc); 9m48s "
+                          "(seed 0) on a 2-core Xeon without AMX (float32; results/watch-xeon); 22m05s (seed 0) on a "
+                          "2-core EPYC with AVX2 only (float32; results/decode-floor); each seed of "
+                          "results/watch-xeon, watch-cpu and watch-epyc ended higher than it began"),
         "lr": (1e-3, "a step that moves a 135M model's success within a few iterations (3e-4 moved it half as far)"),
         "minibatches": (4, "4 optimizer steps an iteration, each row read once: the 4 steps of 2 epochs x 2 "
                            "minibatches in half the update's time"),

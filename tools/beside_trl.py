@@ -26,7 +26,7 @@ and prints each side's iterations, their medians and ours / TRL's (and the same 
 TRL is not a dependency of this project: install it beside it to run the TRL side (pip install trl;
 docs/scaling.md's figures are trl 1.13.0's). The tool says so, and stops, where it is missing.
 
-Run: python -m tools.beside_trl --rounds 2 --out beside-trl.json      (~15 minutes on 2 CPU cores)
+Run: python -m tools.beside_trl --rounds 2 --out beside-trl.json      (~7 minutes on a 2-core EPYC)
      python -m tools.beside_trl --side ours --iterations 1              (ours alone: no TRL needed)
 """
 from __future__ import annotations
